@@ -1,0 +1,33 @@
+"""Bearer-token authentication for the REST API (``Authorization: Bearer ty_...``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from console.api.models import ApiToken, hash_token
+
+
+class TokenAuthentication(authentication.BaseAuthentication):
+    keywords = ("bearer", "token")
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].decode(errors="replace").lower() not in self.keywords:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
+        raw = header[1].decode(errors="replace")
+        token = (
+            ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw), revoked=False).first()
+        )
+        if token is None or not token.user.is_active:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ClusterConfig(AppConfig):
+    name = "console.cluster"
+    label = "cluster"

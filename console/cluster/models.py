@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from console.core.states import NodeState
+
+
+class Node(models.Model):
+    """A host running a Trainyard agent. The name is the agent's identity and queue."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    address = models.CharField(max_length=255, blank=True, help_text="Address peers reach this host at")
+    state = models.CharField(
+        max_length=16, choices=NodeState.choices, default=NodeState.ONLINE, db_index=True
+    )
+    cpus = models.PositiveIntegerField(default=0)
+    memory_bytes = models.PositiveBigIntegerField(default=0)
+    slots = models.PositiveIntegerField(default=0, help_text="CPU rank slots when a job asks for no GPUs")
+    agent_version = models.CharField(max_length=32, blank=True)
+    torch_version = models.CharField(max_length=32, blank=True)
+    cpu_percent = models.FloatField(default=0.0)
+    memory_percent = models.FloatField(default=0.0)
+    registered_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
+    agent_session = models.CharField(
+        max_length=64, blank=True, help_text="Changes each time the agent starts"
+    )
+    labels = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def node_state(self) -> NodeState:
+        return NodeState(self.state)
+
+    def set_state(self, new: NodeState) -> None:
+        if self.state == new:
+            return
+        self.node_state.check_transition(new)
+        self.state = new
+
+    @property
+    def queue(self) -> str:
+        return f"node.{self.name}"
+
+    def heartbeat_overdue(self) -> bool:
+        if self.last_heartbeat is None:
+            return True
+        limit = timedelta(seconds=settings.HEARTBEAT_INTERVAL * settings.HEARTBEAT_MISSES)
+        return timezone.now() - self.last_heartbeat > limit
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=128)
+    uuid = models.CharField(max_length=64, blank=True)
+    memory_bytes = models.PositiveBigIntegerField(default=0)
+    utilization = models.FloatField(default=0.0)
+    memory_used_bytes = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.index} {self.name}"

@@ -1,0 +1,223 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from console.cluster.models import Node
+from console.core.states import JobState
+
+
+class Strategy(models.TextChoices):
+    ALLREDUCE = "allreduce"
+    PARAMETER_SERVER = "parameter_server"
+
+
+class Precision(models.TextChoices):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Bundle(models.Model):
+    """An uploaded code archive, stored once per content hash."""
+
+    sha256 = models.CharField(max_length=64, unique=True)
+    size_bytes = models.PositiveBigIntegerField()
+    filename = models.CharField(max_length=255, blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.filename or 'bundle'} ({self.sha256[:12]})"
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=128)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    # What to run: a built-in workload, or an entrypoint from a bundle or a host path.
+    workload = models.CharField(max_length=64, blank=True)
+    entrypoint = models.CharField(max_length=1024, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    bundle = models.ForeignKey(Bundle, null=True, blank=True, on_delete=models.PROTECT)
+    workdir = models.CharField(max_length=1024, blank=True, help_text="Host path the entrypoint runs in")
+    # Shape.
+    min_nodes = models.PositiveIntegerField(default=1)
+    max_nodes = models.PositiveIntegerField(default=1)
+    desired_nodes = models.PositiveIntegerField(default=1, help_text="Node count the operator asked for")
+    nproc_per_node = models.PositiveIntegerField(default=1)
+    gpus_per_proc = models.PositiveIntegerField(default=0)
+    strategy = models.CharField(max_length=32, choices=Strategy.choices, default=Strategy.ALLREDUCE)
+    precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.FP32)
+    grad_accum_steps = models.PositiveIntegerField(default=1)
+    max_restarts = models.PositiveIntegerField(default=3)
+    priority = models.IntegerField(default=0)
+    grace_period = models.FloatField(default=30.0, help_text="Seconds between SIGTERM and SIGKILL")
+    env = models.JSONField(default=dict, blank=True)
+    hyperparameters = models.JSONField(default=dict, blank=True)
+    # Life.
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    round_number = models.PositiveIntegerField(default=0, help_text="Current round; 0 before the first")
+    restarts = models.PositiveIntegerField(default=0, help_text="Failure restarts used")
+    progress = models.JSONField(default=dict, blank=True)
+    failure = models.JSONField(default=dict, blank=True, help_text="Root cause when FAILED")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(min_nodes__gte=1), name="job_min_nodes_positive"),
+            models.CheckConstraint(condition=Q(min_nodes__lte=F("max_nodes")), name="job_min_le_max_nodes"),
+            models.CheckConstraint(
+                condition=Q(desired_nodes__gte=F("min_nodes")) & Q(desired_nodes__lte=F("max_nodes")),
+                name="job_desired_within_range",
+            ),
+            models.CheckConstraint(condition=Q(nproc_per_node__gte=1), name="job_nproc_positive"),
+            models.CheckConstraint(condition=Q(grad_accum_steps__gte=1), name="job_grad_accum_positive"),
+            models.CheckConstraint(condition=Q(grace_period__gte=0), name="job_grace_non_negative"),
+            models.CheckConstraint(
+                condition=~Q(workload="") | ~Q(entrypoint=""), name="job_has_workload_or_entrypoint"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def job_state(self) -> JobState:
+        return JobState(self.state)
+
+    def set_state(self, new: JobState) -> None:
+        """Move to ``new``; raises IllegalTransition when the state machine forbids it."""
+        if self.state == new and new in (JobState.RESIZING, JobState.RESTARTING):
+            return
+        self.job_state.check_transition(new)
+        self.state = new
+
+    @property
+    def nnodes(self) -> str:
+        return (
+            str(self.min_nodes) if self.min_nodes == self.max_nodes else f"{self.min_nodes}:{self.max_nodes}"
+        )
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+    def current_round(self) -> Round | None:
+        if not self.round_number:
+            return None
+        return self.rounds.filter(number=self.round_number).first()
+
+
+class RoundReason(models.TextChoices):
+    START = "start"
+    RESIZE = "resize"
+    RESTART = "restart"
+    FAILURE = "failure"
+    NODE_LOSS = "node_loss"
+    SCALE = "scale"
+    RESUME = "resume"
+
+
+class Round(models.Model):
+    """A fixed membership of a job: which nodes, their ranks, world size, master address."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rounds")
+    number = models.PositiveIntegerField()
+    reason = models.CharField(max_length=16, choices=RoundReason.choices)
+    world_size = models.PositiveIntegerField()
+    master_addr = models.CharField(max_length=255)
+    master_port = models.PositiveIntegerField()
+    charged = models.BooleanField(default=False, help_text="Counted against max_restarts")
+    created_at = models.DateTimeField(auto_now_add=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="round_unique_number_per_job"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="round_number_positive"),
+            models.CheckConstraint(condition=Q(world_size__gte=1), name="round_world_positive"),
+            models.CheckConstraint(
+                condition=Q(master_port__gte=1) & Q(master_port__lte=65535), name="round_port_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} round {self.number}"
+
+
+class AllocationState(models.TextChoices):
+    ASSIGNED = "ASSIGNED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class Allocation(models.Model):
+    """A node's place in a round."""
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    node_rank = models.PositiveIntegerField()
+    nproc = models.PositiveIntegerField()
+    gpu_indices = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=AllocationState.choices, default=AllocationState.ASSIGNED)
+    exit_info = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["round", "node_rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["round", "node"], name="allocation_one_per_node"),
+            models.UniqueConstraint(fields=["round", "node_rank"], name="allocation_unique_rank"),
+            models.CheckConstraint(condition=Q(nproc__gte=1), name="allocation_nproc_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.round} node {self.node.name} rank {self.node_rank}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in (AllocationState.ASSIGNED, AllocationState.RUNNING)
+
+
+class Checkpoint(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    round_number = models.PositiveIntegerField()
+    step = models.PositiveBigIntegerField()
+    path = models.CharField(max_length=1024)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    blocking_ms = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "-step"]
+        constraints = [models.UniqueConstraint(fields=["job", "step", "path"], name="checkpoint_unique")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}"
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    """The compact form of a job that websockets and events carry."""
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "state": job.state,
+        "round": job.round_number,
+        "restarts": job.restarts,
+        "progress": job.progress,
+    }

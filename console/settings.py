@@ -1,0 +1,167 @@
+"""Trainyard console settings, all driven by environment variables.
+
+Required in production: DATABASE_URL, REDIS_URL, SECRET_KEY (or SECRET_KEY_FILE),
+ALLOWED_HOSTS. With DATABASE_URL unset the console uses SQLite under TRAINYARD_HOME, which is
+what `bin/run` relies on for a one-command local console.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from console.core.env import (
+    database_from_url,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    redis_url,
+    secret,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TRAINYARD_HOME = Path(os.environ.get("TRAINYARD_HOME", BASE_DIR / ".trainyard")).resolve()
+
+DEBUG = envbool("DEBUG", False)
+SECRET_KEY = secret("SECRET_KEY", TRAINYARD_HOME / "secret_key")
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+DATABASES = {
+    "default": database_from_url(
+        "DATABASE_URL", os.environ.get("DATABASE_URL") or f"sqlite:///{TRAINYARD_HOME / 'console.sqlite3'}"
+    )
+}
+REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+
+# Shared secret that agents present when they register, heartbeat and fetch bundles.
+NODE_TOKEN = secret("TRAINYARD_NODE_TOKEN", TRAINYARD_HOME / "node_token")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "console.core",
+    "console.cluster",
+    "console.jobs",
+    "console.telemetry",
+    "console.api",
+    "console.web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "frontend"]
+STATIC_ROOT = TRAINYARD_HOME / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Where the console keeps uploaded code bundles (content-addressed).
+BUNDLE_ROOT = Path(os.environ.get("TRAINYARD_BUNDLE_ROOT", TRAINYARD_HOME / "bundles"))
+BUNDLE_MAX_BYTES = envint("TRAINYARD_BUNDLE_MAX_BYTES", 100 * 1024 * 1024, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "console.api.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Trainyard API",
+    "VERSION": "1",
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # redis-py's asyncio pool caps at 100 connections by default, which broke every
+            # websocket past the hundredth (DESIGN.md, known traps).
+            "hosts": [{"address": REDIS_URL, "max_connections": envint("CHANNEL_MAX_CONNECTIONS", 2000)}],
+            "capacity": 1000,
+            "expiry": 30,
+        },
+    }
+}
+
+# Celery: the controller consumes "control"; each agent consumes "node.<name>".
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# Controller timing. Agents heartbeat every HEARTBEAT_INTERVAL seconds; a node that misses
+# HEARTBEAT_MISSES of them in a row is LOST.
+HEARTBEAT_INTERVAL = envfloat("TRAINYARD_HEARTBEAT_INTERVAL", 2.0)
+HEARTBEAT_MISSES = envint("TRAINYARD_HEARTBEAT_MISSES", 3, minimum=1)
+CONTROLLER_TICK = envfloat("TRAINYARD_CONTROLLER_TICK", 1.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,167 @@
+"""The wire contract between the console (controller, ingest) and the agents.
+
+Both sides import this module; it imports nothing from either, so an agent host needs no Django
+and the console needs no agent code. Every message names (job, round); a receiver ignores a
+message for a round older than the one it already knows (fencing).
+
+Transport:
+- Controller → agent: Celery tasks on queue ``node.<name>`` (names AGENT_*), JSON kwargs.
+- Agent → controller: Celery tasks on queue ``control`` (names CONTROL_*), JSON kwargs. Every
+  one carries ``token`` (the node token) and ``node`` (the agent's name).
+- Telemetry: agents XADD to the Redis stream TELEMETRY_STREAM; ingest reads it with a
+  consumer group and acks after its database commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+CONTROL_QUEUE = "control"
+TELEMETRY_STREAM = "trainyard:telemetry"
+TELEMETRY_GROUP = "ingest"
+
+
+def node_queue(name: str) -> str:
+    return f"node.{name}"
+
+
+# --- controller → agent --------------------------------------------------------------------
+AGENT_START_ROUND = "trainyard.agent.start_round"
+"""kwargs: ``spec`` (RoundSpec). Stop this job's older round on the host (graceful), then start
+this one. Ignored when the host already runs or ran a newer round of the job."""
+
+AGENT_STOP_JOB = "trainyard.agent.stop_job"
+"""kwargs: ``job_id``, ``round`` (stop this round and any older), ``grace_period`` (seconds)."""
+
+AGENT_SYNC = "trainyard.agent.sync"
+"""kwargs: ``rounds`` (list of RoundSpec the host should be running now). The agent stops
+every local round not in the list and starts listed rounds it is not running. Sent after
+registration and whenever the controller wants to repair drift."""
+
+# --- agent → controller --------------------------------------------------------------------
+CONTROL_REGISTER = "trainyard.control.register"
+"""kwargs: token, node, session, info (NodeInfo)."""
+
+CONTROL_HEARTBEAT = "trainyard.control.heartbeat"
+"""kwargs: token, node, session, load (NodeLoad), rounds (list of RoundStatus)."""
+
+CONTROL_RANK_EXITED = "trainyard.control.rank_exited"
+"""kwargs: token, node, job_id, round, exit (RankExit). Sent for every rank that ends on its
+own (not when the agent stopped it), success or failure, within a second of the exit."""
+
+CONTROL_ROUND_ENDED = "trainyard.control.round_ended"
+"""kwargs: token, node, job_id, round, outcome ("succeeded" | "failed" | "stopped"),
+failures (list of RankExit). Sent once the last local rank of a round has ended."""
+
+CONTROL_OFFLINE = "trainyard.control.node_offline"
+"""kwargs: token, node, session. Sent by an agent that shuts down cleanly."""
+
+
+class BundleRef(TypedDict):
+    sha256: str
+    url: str  # HTTP URL the agent fetches the archive from, with the node token as bearer
+
+
+class RoundSpec(TypedDict):
+    job_id: int
+    round: int
+    run_id: str
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    workload: str  # built-in workload name, or "" when entrypoint is set
+    entrypoint: str  # script path (".py") or executable, relative to the bundle/workdir
+    args: list[str]
+    bundle: BundleRef | None
+    workdir: str  # host path to run in when there is no bundle ("" = agent's default)
+    env: dict[str, str]
+    hyperparameters: dict[str, Any]
+    strategy: str
+    precision: str
+    grad_accum_steps: int
+    gpu_indices: list[int]
+    restart_count: int
+    max_restarts: int
+    grace_period: float
+
+
+class GpuInfo(TypedDict):
+    index: int
+    name: str
+    uuid: str
+    memory_bytes: int
+
+
+class NodeInfo(TypedDict):
+    hostname: str
+    address: str
+    cpus: int
+    memory_bytes: int
+    slots: int
+    gpus: list[GpuInfo]
+    torch_version: str
+    agent_version: str
+
+
+class GpuLoad(TypedDict):
+    index: int
+    utilization: float
+    memory_used_bytes: int
+
+
+class NodeLoad(TypedDict):
+    cpu_percent: float
+    memory_percent: float
+    gpus: list[GpuLoad]
+
+
+class RankStatus(TypedDict):
+    local_rank: int
+    rank: int
+    pid: int
+    state: Literal["running", "succeeded", "failed", "stopped"]
+
+
+class RoundStatus(TypedDict):
+    job_id: int
+    round: int
+    state: Literal["starting", "running", "stopping", "succeeded", "failed", "stopped"]
+    ranks: list[RankStatus]
+    last_step: int | None  # latest step any local rank logged in this round
+    first_step_at: float | None  # unix time of the first step logged in this round
+
+
+class RankExit(TypedDict):
+    local_rank: int
+    rank: int
+    pid: int
+    exit_code: int | None  # None when killed by a signal
+    signal: str | None  # e.g. "SIGKILL"
+    error: str  # error file message, or the last stderr lines
+    at: float  # unix time the exit was noticed
+
+
+# --- telemetry -----------------------------------------------------------------------------
+# The SDK (inside a rank) appends JSON lines to the file named by TRAINYARD_TELEMETRY; the
+# agent tails those files and each rank's stdout/stderr, and XADDs batches to TELEMETRY_STREAM
+# as a single field "batch" holding JSON:
+#   {"job_id": J, "round": R, "rank": K, "node": name, "records": [record, ...]}
+# Records (all have "kind", "seq" (per rank and kind-family, monotonic), "t" (unix seconds)):
+#   {"kind": "metric", "seq", "t", "step", "values": {"loss": 0.31, ...}}
+#   {"kind": "event", "seq", "t", "event": "gradient_anomaly", "severity", "message", "data"}
+#   {"kind": "checkpoint", "seq", "t", "step", "path", "size_bytes", "blocking_ms"}
+#   {"kind": "log", "seq", "t", "stream": "stdout" | "stderr", "text"}
+#   {"kind": "dropped", "seq", "t", "count"}  (agent: metric points dropped past its buffer)
+
+ENV_TELEMETRY = "TRAINYARD_TELEMETRY"
+ENV_JOB_ID = "TRAINYARD_JOB_ID"
+ENV_ROUND = "TRAINYARD_ROUND"
+ENV_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
+ENV_HYPERPARAMETERS = "TRAINYARD_HYPERPARAMETERS"
+ENV_PRECISION = "TRAINYARD_PRECISION"
+ENV_GRAD_ACCUM = "TRAINYARD_GRAD_ACCUM_STEPS"
+ENV_STRATEGY = "TRAINYARD_STRATEGY"
+ENV_NODE = "TRAINYARD_NODE"
