@@ -1,6 +1,8 @@
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("v1/", include("console.jobs.urls")),
+    path("v1/", include("console.telemetry.urls")),
 ]

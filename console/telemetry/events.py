@@ -1,0 +1,117 @@
+"""Events and live broadcasts: the one place the rest of the console reports what happened.
+
+``emit`` stores an Event and, once the surrounding transaction commits, sends it to the
+websocket groups that may show it. Group names and message types (handlers are named after the
+type with the dot replaced, per the Channels docs):
+
+- ``job.<id>``: ``job.event`` {"event": {...}}, ``job.state`` {"job": {...}}, and the
+  telemetry frames the ingest sends (``job.frame``).
+- ``cluster``: ``cluster.node`` {"node": {...}}, ``cluster.job`` {"job": {...}}, ``cluster.event``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from console.cluster.models import Node
+from console.jobs.models import Job, job_summary
+from console.telemetry.models import Event, Severity
+
+log = logging.getLogger(__name__)
+
+CLUSTER_GROUP = "cluster"
+
+
+def job_group(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+def event_payload(event: Event) -> dict[str, Any]:
+    return {
+        "seq": event.pk,
+        "job": event.job_id,
+        "node": event.node.name if event.node_id and event.node else None,
+        "round": event.round_number,
+        "kind": event.kind,
+        "severity": event.severity,
+        "message": event.message,
+        "data": event.data,
+        "at": event.created_at.isoformat(),
+    }
+
+
+def node_payload(node: Node) -> dict[str, Any]:
+    return {
+        "id": node.pk,
+        "name": node.name,
+        "state": node.state,
+        "cpu_percent": node.cpu_percent,
+        "memory_percent": node.memory_percent,
+        "last_heartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "utilization": g.utilization,
+                "memory_used_bytes": g.memory_used_bytes,
+            }
+            for g in node.gpus.all()
+        ],
+    }
+
+
+def broadcast(group: str, message: dict[str, Any]) -> None:
+    """Send after commit; a channel layer hiccup never fails the action that caused it."""
+
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            async_to_sync(layer.group_send)(group, message)
+        except Exception:  # the database row is the record; live delivery is best effort
+            log.warning("broadcast to %s failed", group, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+def emit(
+    kind: str,
+    message: str,
+    *,
+    job: Job | None = None,
+    node: Node | None = None,
+    round_number: int | None = None,
+    severity: str = Severity.INFO,
+    **data: Any,
+) -> Event:
+    event = Event.objects.create(
+        job=job,
+        node=node,
+        round_number=round_number if round_number is not None else (job.round_number if job else None),
+        kind=kind,
+        severity=severity,
+        message=message,
+        data=data,
+    )
+    payload = event_payload(event)
+    if job is not None:
+        broadcast(job_group(job.pk), {"type": "job.event", "event": payload})
+    broadcast(CLUSTER_GROUP, {"type": "cluster.event", "event": payload})
+    return event
+
+
+def job_changed(job: Job) -> None:
+    """Tell the job's viewers and the cluster view about a job's new state."""
+    summary = job_summary(job)
+    broadcast(job_group(job.pk), {"type": "job.state", "job": summary})
+    broadcast(CLUSTER_GROUP, {"type": "cluster.job", "job": summary})
+
+
+def node_changed(node: Node) -> None:
+    broadcast(CLUSTER_GROUP, {"type": "cluster.node", "node": node_payload(node)})
