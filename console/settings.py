@@ -59,6 +59,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Daphne serves no static files; WhiteNoise serves frontend/ and the admin's assets.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -100,6 +102,9 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "frontend"]
 STATIC_ROOT = TRAINYARD_HOME / "static"
+# Serve straight from the finders so a local console needs no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Where the console keeps uploaded code bundles (content-addressed).
@@ -164,4 +169,15 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# The URL agents use to reach this console over HTTP (bundle downloads).
+TRAINYARD_PUBLIC_URL = os.environ.get("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000")
+
+CELERY_BEAT_SCHEDULE = {
+    "controller-tick": {
+        "task": "trainyard.control.tick",
+        "schedule": CONTROLLER_TICK,
+        "options": {"expires": 5},
+    },
 }

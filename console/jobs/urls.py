@@ -1,3 +1,9 @@
-from django.urls import URLPattern
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern] = []
+from console.jobs.api import JobViewSet, NodeViewSet
+
+router = SimpleRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("nodes", NodeViewSet, basename="node")
+
+urlpatterns = router.urls

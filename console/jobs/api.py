@@ -1,0 +1,402 @@
+"""REST API for jobs and nodes (/api/v1/). Views parse input and call one action in control."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.api.errors import Conflict
+from console.cluster import actions as node_actions
+from console.cluster.models import Gpu, Node
+from console.core.roles import is_operator
+from console.jobs import control
+from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names the launcher owns: a job may not override the rendezvous or rank contract.
+RESERVED_ENV = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "CUDA_VISIBLE_DEVICES",
+}
+MAX_NODES = 1024
+
+
+class IsOperatorOrReadOnly(permissions.BasePermission):
+    message = "Only members of the 'operator' group may change jobs."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return is_operator(request.user)
+
+
+def parse_nnodes(value: Any) -> tuple[int, int]:
+    """ "2" → (2, 2); "2:4" → (2, 4); 3 → (3, 3)."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d{1,4})(?::(\d{1,4}))?", text)
+    if not match:
+        raise serializers.ValidationError('Use a node count like "2" or a range like "2:4".')
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) else low
+    if low < 1:
+        raise serializers.ValidationError("A job needs at least 1 node.")
+    if low > high:
+        raise serializers.ValidationError(f"The minimum ({low}) is larger than the maximum ({high}).")
+    if high > MAX_NODES:
+        raise serializers.ValidationError(f"At most {MAX_NODES} nodes.")
+    return low, high
+
+
+class JobSpecSerializer(serializers.Serializer):
+    """The job spec of the public contract; the CLI's YAML has the same fields."""
+
+    name = serializers.RegexField(
+        r"^[\w.\- ]{1,128}$",
+        max_length=128,
+        error_messages={"invalid": "Use 1-128 letters, digits, spaces, '.', '-' or '_'."},
+    )
+    workload = serializers.CharField(required=False, allow_blank=True, max_length=64, default="")
+    entrypoint = serializers.CharField(required=False, allow_blank=True, max_length=1024, default="")
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=4096, allow_blank=True),
+        required=False,
+        default=list,
+        max_length=256,
+    )
+    bundle = serializers.PrimaryKeyRelatedField(
+        queryset=Bundle.objects.all(), required=False, allow_null=True, default=None
+    )
+    workdir = serializers.CharField(required=False, allow_blank=True, max_length=1024, default="")
+    nnodes = serializers.CharField(required=False, default="1", max_length=16)
+    nproc_per_node = serializers.IntegerField(required=False, default=1, min_value=1, max_value=64)
+    gpus_per_proc = serializers.IntegerField(required=False, default=0, min_value=0, max_value=16)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, required=False, default=Strategy.ALLREDUCE)
+    precision = serializers.ChoiceField(choices=Precision.choices, required=False, default=Precision.FP32)
+    grad_accum_steps = serializers.IntegerField(required=False, default=1, min_value=1, max_value=4096)
+    max_restarts = serializers.IntegerField(required=False, default=3, min_value=0, max_value=1000)
+    priority = serializers.IntegerField(required=False, default=0, min_value=-1000, max_value=1000)
+    grace_period = serializers.FloatField(required=False, default=30.0, min_value=0.0, max_value=3600.0)
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=8192, allow_blank=True), required=False, default=dict
+    )
+    hyperparameters = serializers.DictField(required=False, default=dict)
+
+    def validate_nnodes(self, value: str) -> str:
+        parse_nnodes(value)
+        return value
+
+    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 256:
+            raise serializers.ValidationError("At most 256 variables.")
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise serializers.ValidationError(f"{key!r} is not a valid environment variable name.")
+            if key in RESERVED_ENV:
+                raise serializers.ValidationError(f"{key} is set by the launcher and cannot be overridden.")
+        return value
+
+    def validate_entrypoint(self, value: str) -> str:
+        if "\x00" in value:
+            raise serializers.ValidationError("The entrypoint contains a NUL byte.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        workload, entrypoint = attrs.get("workload", ""), attrs.get("entrypoint", "")
+        if bool(workload) == bool(entrypoint):
+            raise serializers.ValidationError(
+                {
+                    "workload": [
+                        "Give either a built-in workload or an entrypoint (with a bundle or host path), not both."
+                    ]
+                }
+            )
+        if workload:
+            attrs["hyperparameters"] = self._validate_workload(workload, attrs.get("hyperparameters", {}))
+        if attrs.get("bundle") is not None and attrs.get("workdir"):
+            raise serializers.ValidationError({"workdir": ["Give a bundle or a host path, not both."]})
+        if (
+            entrypoint
+            and attrs.get("bundle") is None
+            and not attrs.get("workdir")
+            and not entrypoint.startswith("/")
+        ):
+            raise serializers.ValidationError(
+                {"entrypoint": ["A relative entrypoint needs a bundle or a workdir (host path)."]}
+            )
+        if len(str(attrs.get("hyperparameters", {}))) > 65536:
+            raise serializers.ValidationError({"hyperparameters": ["Too large (64 KiB at most)."]})
+        return attrs
+
+    @staticmethod
+    def _validate_workload(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        try:
+            from workers.workloads import catalog
+        except ImportError:  # pragma: no cover - the catalogue ships with the project
+            return hyperparameters
+        if name not in catalog.WORKLOADS:
+            known = ", ".join(sorted(catalog.WORKLOADS))
+            raise serializers.ValidationError(
+                {"workload": [f"Unknown workload {name!r}; choose one of: {known}."]}
+            )
+        try:
+            return dict(catalog.validate_hyperparameters(name, hyperparameters))
+        except ValueError as exc:
+            raise serializers.ValidationError({"hyperparameters": [str(exc)]}) from None
+
+    def to_job(self, owner: Any) -> Job:
+        data = dict(self.validated_data)
+        low, high = parse_nnodes(data.pop("nnodes"))
+        return Job(
+            owner=owner if owner.is_authenticated else None,
+            min_nodes=low,
+            max_nodes=high,
+            desired_nodes=high,
+            **data,
+        )
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+
+    class Meta:
+        model = Allocation
+        fields = ["node", "node_rank", "nproc", "gpu_indices", "state", "exit_info"]
+
+
+class RoundSerializer(serializers.ModelSerializer):
+    allocations = AllocationSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Round
+        fields = [
+            "number",
+            "reason",
+            "world_size",
+            "master_addr",
+            "master_port",
+            "charged",
+            "created_at",
+            "first_step_at",
+            "ended_at",
+            "outcome",
+            "allocations",
+        ]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    round = serializers.IntegerField(source="round_number", read_only=True)
+    world_size = serializers.SerializerMethodField()
+    nodes = serializers.SerializerMethodField()
+    nnodes = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "state",
+            "round",
+            "world_size",
+            "nodes",
+            "restarts",
+            "max_restarts",
+            "progress",
+            "failure",
+            "nnodes",
+            "min_nodes",
+            "max_nodes",
+            "desired_nodes",
+            "nproc_per_node",
+            "gpus_per_proc",
+            "workload",
+            "entrypoint",
+            "args",
+            "bundle",
+            "workdir",
+            "strategy",
+            "precision",
+            "grad_accum_steps",
+            "priority",
+            "grace_period",
+            "env",
+            "hyperparameters",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    @property
+    def _round_cache(self) -> dict[int, Round | None]:
+        if not hasattr(self, "_rounds"):
+            self._rounds: dict[int, Round | None] = {}
+        return self._rounds
+
+    def _current(self, job: Job) -> Round | None:
+        cache: dict[int, Round | None] = self._round_cache
+        if job.pk not in cache:
+            cache[job.pk] = (
+                job.rounds.filter(number=job.round_number).prefetch_related("allocations__node").first()
+                if job.round_number
+                else None
+            )
+        return cache[job.pk]
+
+    def get_world_size(self, job: Job) -> int:
+        rnd = self._current(job)
+        return rnd.world_size if rnd and job.job_state.is_active else 0
+
+    def get_nodes(self, job: Job) -> list[str]:
+        rnd = self._current(job)
+        if rnd is None or not job.job_state.is_active:
+            return []
+        return [a.node.name for a in sorted(rnd.allocations.all(), key=lambda a: a.node_rank)]
+
+
+class JobDetailSerializer(JobSerializer):
+    rounds = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "rounds"]
+        read_only_fields = fields
+
+    def get_rounds(self, job: Job) -> list[dict[str, Any]]:
+        recent = job.rounds.order_by("-number").prefetch_related("allocations__node")[:20]
+        return list(RoundSerializer(recent, many=True).data)
+
+
+class ResizeSerializer(serializers.Serializer):
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES)
+
+
+def _control(call: Any, *args: Any) -> Job:
+    try:
+        return call(*args)
+    except Job.DoesNotExist:
+        raise Http404("No such job.") from None
+    except control.ControlError as exc:
+        raise Conflict(str(exc)) from None
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    permission_classes = [IsOperatorOrReadOnly]
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        qs = Job.objects.select_related("owner").order_by("-created_at")
+        state = self.request.query_params.get("state")
+        if state:
+            qs = qs.filter(state__in=[s.strip().upper() for s in state.split(",")])
+        return qs
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    @extend_schema(request=JobSpecSerializer, responses={201: JobDetailSerializer})
+    def create(self, request: Request) -> Response:
+        spec = JobSpecSerializer(data=request.data)
+        spec.is_valid(raise_exception=True)
+        job = control.submit_job(spec.to_job(request.user), request.user)
+        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ResizeSerializer, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def resize(self, request: Request, pk: str) -> Response:
+        body = ResizeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = _control(control.resize_job, self._id(pk), body.validated_data["nodes"], request.user)
+        return Response(JobDetailSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request: Request, pk: str) -> Response:
+        job = _control(control.restart_job, self._id(pk), request.user)
+        return Response(JobDetailSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str) -> Response:
+        job = _control(control.stop_job, self._id(pk), request.user)
+        return Response(JobDetailSerializer(job).data)
+
+    @staticmethod
+    def _id(pk: str) -> int:
+        if not str(pk).isdigit():
+            raise Http404("No such job.")
+        return int(pk)
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["index", "name", "uuid", "memory_bytes", "utilization", "memory_used_bytes"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "hostname",
+            "address",
+            "state",
+            "cpus",
+            "memory_bytes",
+            "slots",
+            "cpu_percent",
+            "memory_percent",
+            "agent_version",
+            "torch_version",
+            "last_heartbeat",
+            "registered_at",
+            "gpus",
+        ]
+        read_only_fields = fields
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    permission_classes = [IsOperatorOrReadOnly]
+    serializer_class = NodeSerializer
+    queryset = Node.objects.prefetch_related("gpus").order_by("name")
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str) -> Response:
+        node = self.get_object()
+        node = node_actions.drain_node(node.pk, request.user)
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def undrain(self, request: Request, pk: str) -> Response:
+        node = self.get_object()
+        node = node_actions.undrain_node(node.pk, request.user)
+        return Response(NodeSerializer(node).data)
