@@ -99,10 +99,46 @@ def emit(
         message=message,
         data=data,
     )
+    publish(event)
+    return event
+
+
+def publish(event: Event) -> None:
+    """Send a stored event to its job's viewers and the cluster view, after commit."""
     payload = event_payload(event)
-    if job is not None:
-        broadcast(job_group(job.pk), {"type": "job.event", "event": payload})
+    if event.job_id is not None:
+        broadcast(job_group(event.job_id), {"type": "job.event", "event": payload})
     broadcast(CLUSTER_GROUP, {"type": "cluster.event", "event": payload})
+
+
+def emit_once(
+    dedupe_key: str,
+    kind: str,
+    message: str,
+    *,
+    job: Job | None = None,
+    round_number: int | None = None,
+    severity: str = Severity.INFO,
+    **data: Any,
+) -> Event | None:
+    """Like ``emit``, but stores nothing (and returns None) when ``dedupe_key`` was used before.
+
+    Telemetry replayed after an ingest crash carries the same key, so its events appear once.
+    """
+    event, created = Event.objects.get_or_create(
+        dedupe_key=dedupe_key,
+        defaults={
+            "job": job,
+            "round_number": round_number if round_number is not None else (job.round_number if job else None),
+            "kind": kind,
+            "severity": severity,
+            "message": message,
+            "data": data,
+        },
+    )
+    if not created:
+        return None
+    publish(event)
     return event
 
 

@@ -26,6 +26,9 @@ class Event(models.Model):
     message = models.TextField()
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Set for events derived from telemetry (agent records, anomalies) so that ingest replaying a
+    # batch after a crash cannot store the same event twice.
+    dedupe_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
 
     class Meta:
         ordering = ["id"]
@@ -72,3 +75,37 @@ class LogLine(models.Model):
             )
         ]
         indexes = [models.Index(fields=["job", "rank", "id"], name="logline_by_rank")]
+
+
+class MetricRollup(models.Model):
+    """Raw metric points older than the retention period, folded into step buckets.
+
+    One row per (job, round, rank, name, bucket): enough to redraw a long run's curves with their
+    extremes after the raw points are gone. ``total`` rather than a mean so that rolling up more
+    points into an existing bucket stays exact.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_rollups")
+    round_number = models.PositiveIntegerField()
+    rank = models.PositiveIntegerField()
+    name = models.CharField(max_length=128)
+    bucket_step = models.PositiveBigIntegerField(help_text="First step of the bucket")
+    last_step = models.PositiveBigIntegerField()
+    min_value = models.FloatField()
+    max_value = models.FloatField()
+    total = models.FloatField()
+    count = models.PositiveBigIntegerField()
+    first_time = models.DateTimeField()
+    last_time = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "round_number", "rank", "name", "bucket_step"], name="metric_rollup_identity"
+            )
+        ]
+        indexes = [models.Index(fields=["job", "name", "bucket_step"], name="metric_rollup_series")]
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else float("nan")

@@ -1,0 +1,472 @@
+"""Ingest: telemetry batches from the Redis stream into PostgreSQL, then to live viewers.
+
+One pass (``Ingestor.run_once``) reads up to READ_COUNT stream entries through the consumer
+group, stores every record they carry in one transaction (idempotent: each table's identity
+constraint with ON CONFLICT DO NOTHING), and acks the entries only after that commit. A crash
+between commit and ack makes the entries pending again; replaying them stores nothing new, and
+only rows the database actually inserted feed the anomaly detectors and the live frames, so a
+replay neither duplicates points nor re-raises events.
+
+Live viewers get one coalesced frame per job every FRAME_INTERVAL seconds, each series thinned
+to FRAME_POINTS points, sent on a background event loop so that the channel layer never
+stalls the database writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from channels.layers import get_channel_layer
+from django.db import connection, transaction
+
+from console.jobs.models import Checkpoint, Job
+from console.telemetry.anomalies import AnomalyDetector
+from console.telemetry.downsample import finite_or_none, thin_points
+from console.telemetry.events import emit_once, job_group
+from console.telemetry.models import Severity
+from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
+log = logging.getLogger(__name__)
+
+# Stream entries per read. An agent batch carries up to a few hundred records, so this bounds a
+# transaction at some tens of thousands of rows: large enough that the commit is a small part of
+# the cost, small enough that a frame is never held back long.
+READ_COUNT = 100
+# How long a read waits for new entries; also the longest a shutdown request waits.
+BLOCK_MS = 50
+FRAME_INTERVAL = 0.1
+FRAME_POINTS = 100
+FRAME_LOG_LINES = 200
+# Entries another consumer left pending this long are taken over (that consumer died).
+CLAIM_IDLE_MS = 60_000
+CLAIM_EVERY = 30.0
+STATS_KEY = "trainyard:ingest:stats"
+STATS_EVERY = 1.0
+
+# Only the rows anomaly detection or the frames use come back from the INSERT.
+ANOMALY_NAMES = ("loss", "grad_norm", "step_time", "throughput")
+FRAME_RANK = 0
+
+METRIC_TEMP = """
+    CREATE TEMP TABLE IF NOT EXISTS ingest_metric (
+        job_id bigint, round_number integer, rank integer, seq bigint, step bigint,
+        name varchar(128), value double precision, t double precision
+    ) ON COMMIT DELETE ROWS
+"""
+METRIC_INSERT = """
+    WITH stored AS (
+        INSERT INTO telemetry_metric (job_id, round_number, rank, seq, step, name, value, time)
+        SELECT job_id, round_number, rank, seq, step, name, value, to_timestamp(t) FROM ingest_metric
+        ON CONFLICT ON CONSTRAINT metric_identity DO NOTHING
+        RETURNING job_id, round_number, rank, step, name, value, time
+    )
+    SELECT job_id, round_number, rank, step, name, value, extract(epoch FROM time)::float8
+    FROM stored WHERE rank = %s OR name = ANY(%s)
+"""
+LOG_TEMP = """
+    CREATE TEMP TABLE IF NOT EXISTS ingest_log (
+        job_id bigint, round_number integer, rank integer, stream varchar(6), seq bigint,
+        text text, t double precision
+    ) ON COMMIT DELETE ROWS
+"""
+LOG_INSERT = """
+    INSERT INTO telemetry_logline (job_id, round_number, rank, stream, seq, text, time)
+    SELECT job_id, round_number, rank, stream, seq, text, to_timestamp(t) FROM ingest_log
+    ON CONFLICT ON CONSTRAINT logline_identity DO NOTHING
+    RETURNING id, job_id, round_number, rank, stream, seq, text
+"""
+
+
+class BadBatch(ValueError):
+    pass
+
+
+@dataclass
+class Decoded:
+    """Rows of one read, grouped by table."""
+
+    metrics: list[tuple[int, int, int, int, int, str, float, float]] = field(default_factory=list)
+    logs: list[tuple[int, int, int, str, int, str, float]] = field(default_factory=list)
+    checkpoints: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[int, int, int, dict[str, Any]]] = field(default_factory=list)
+    dropped: list[tuple[int, int, int, dict[str, Any]]] = field(default_factory=list)
+    job_ids: set[int] = field(default_factory=set)
+    records: int = 0
+    bad_records: int = 0
+
+
+def _num(record: dict[str, Any], key: str) -> int:
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadBatch(f"{key} must be a non-negative integer")
+    return value
+
+
+def _time(record: dict[str, Any]) -> float:
+    value = record.get("t")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return time.time()
+    return float(value)
+
+
+def decode_batch(raw: bytes | str, into: Decoded) -> None:
+    """Add one stream entry's records to ``into``; raises BadBatch when the envelope is unusable.
+    A bad record inside a good batch is skipped and counted, never fatal."""
+    try:
+        batch = json.loads(raw)
+        job_id = _num(batch, "job_id")
+        round_number = _num(batch, "round")
+        rank = _num(batch, "rank")
+        records = batch["records"]
+        if not isinstance(records, list):
+            raise BadBatch("records must be a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadBatch(str(exc)) from exc
+    into.job_ids.add(job_id)
+    for record in records:
+        into.records += 1
+        try:
+            kind = record["kind"]
+            seq = _num(record, "seq")
+            t = _time(record)
+            if kind == "metric":
+                step = _num(record, "step")
+                values = record["values"]
+                for name, value in values.items():
+                    if isinstance(value, bool) or not isinstance(value, int | float) or len(name) > 128:
+                        into.bad_records += 1
+                        continue
+                    into.metrics.append((job_id, round_number, rank, seq, step, name, float(value), t))
+            elif kind == "log":
+                stream = record.get("stream", "stdout")
+                if stream not in ("stdout", "stderr"):
+                    raise BadBatch("stream must be stdout or stderr")
+                into.logs.append((job_id, round_number, rank, stream, seq, str(record["text"]), t))
+            elif kind == "checkpoint":
+                into.checkpoints.append((job_id, round_number, record))
+            elif kind == "event":
+                into.events.append((job_id, round_number, rank, record))
+            elif kind == "dropped":
+                into.dropped.append((job_id, round_number, rank, record))
+            else:
+                into.bad_records += 1
+        except (BadBatch, KeyError, TypeError, AttributeError, ValueError):
+            into.bad_records += 1
+
+
+@dataclass
+class JobFrame:
+    round_number: int = 0
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    logs_skipped: int = 0
+
+
+class Broadcaster:
+    """Sends channel-layer messages from a private event loop thread.
+
+    ``async_to_sync`` would start a loop per call and channels-redis keeps a connection pool per
+    loop; one long-lived loop keeps one pool and never blocks the caller."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="ingest-broadcast", daemon=True)
+        self.thread.start()
+        self.pending: list[Future[None]] = []
+
+    def send(self, group: str, message: dict[str, Any]) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        self.pending = [f for f in self.pending if not f.done()]
+        self.pending.append(asyncio.run_coroutine_threadsafe(self._send(layer, group, message), self.loop))
+
+    async def _send(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+        try:
+            await layer.group_send(group, message)
+        except Exception:  # the database is the record; live delivery is best effort
+            log.warning("frame to %s failed", group, exc_info=True)
+
+    def close(self, timeout: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout
+        for fut in self.pending:
+            try:
+                fut.result(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                log.debug("frame not sent before shutdown", exc_info=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+
+
+class Ingestor:
+    def __init__(
+        self,
+        client: redis.Redis,
+        consumer: str,
+        *,
+        broadcaster: Broadcaster | None = None,
+        stream: str = TELEMETRY_STREAM,
+        group: str = TELEMETRY_GROUP,
+    ) -> None:
+        # redis-py's stubs type replies as unions of every RESP shape; the stream calls below
+        # return the documented list/tuple shapes.
+        self.redis: Any = client
+        self.consumer = consumer
+        self.stream = stream
+        self.group = group
+        self.broadcaster = broadcaster
+        self.detector = AnomalyDetector()
+        self.frames: dict[int, JobFrame] = {}
+        self.frame_numbers: dict[int, int] = {}
+        self.last_flush = time.monotonic()
+        self.last_claim = 0.0
+        self.last_stats = time.monotonic()
+        # Start by re-reading our own pending entries: a crash after commit and before ack, or
+        # before commit, leaves them there.
+        self.backlog = True
+        self.points_since_stats = 0
+        self.records_since_stats = 0
+        self.entries_since_stats = 0
+
+    # --- stream ----------------------------------------------------------------------------
+    def ensure_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def read(self, block_ms: int = BLOCK_MS) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        if self.backlog:
+            reply = self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=READ_COUNT)
+            entries = reply[0][1] if reply else []
+            # Entries whose data was trimmed away come back empty: ack them so they stop coming.
+            gone = [eid for eid, fields in entries if not fields]
+            if gone:
+                self.redis.xack(self.stream, self.group, *gone)
+            entries = [(eid, fields) for eid, fields in entries if fields]
+            if entries:
+                return entries
+            self.backlog = False
+        self._claim_abandoned()
+        reply = self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=READ_COUNT, block=block_ms
+        )
+        return reply[0][1] if reply else []
+
+    def _claim_abandoned(self) -> None:
+        now = time.monotonic()
+        if now - self.last_claim < CLAIM_EVERY:
+            return
+        self.last_claim = now
+        _, claimed, *_ = self.redis.xautoclaim(
+            self.stream, self.group, self.consumer, CLAIM_IDLE_MS, start_id="0", count=READ_COUNT, justid=True
+        )
+        if claimed:
+            log.info("took over %d entries abandoned by another ingest consumer", len(claimed))
+            self.backlog = True
+
+    # --- one pass --------------------------------------------------------------------------
+    def run_once(self, block_ms: int = BLOCK_MS) -> int:
+        """Read, store, ack, maybe flush frames. Returns the number of entries handled."""
+        entries = self.read(block_ms)
+        if entries:
+            self.handle(entries)
+        self.maybe_flush()
+        self.maybe_report_stats()
+        return len(entries)
+
+    def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        decoded = Decoded()
+        for entry_id, fields in entries:
+            raw = fields.get(b"batch")
+            try:
+                if raw is None:
+                    raise BadBatch("no batch field")
+                decode_batch(raw, decoded)
+            except BadBatch as exc:
+                log.warning("dropping malformed telemetry entry %s: %s", entry_id.decode(), exc)
+        if decoded.bad_records:
+            log.warning("skipped %d malformed telemetry records", decoded.bad_records)
+        stored = self.store(decoded)
+        # Ack strictly after the commit inside store(): a crash before this line replays them.
+        self.redis.xack(self.stream, self.group, *[eid for eid, _ in entries])
+        self.entries_since_stats += len(entries)
+        self.records_since_stats += decoded.records
+        return stored
+
+    def store(self, decoded: Decoded) -> int:
+        known = set(Job.objects.filter(pk__in=decoded.job_ids).values_list("pk", flat=True))
+        unknown = decoded.job_ids - known
+        if unknown:
+            log.warning("dropping telemetry for unknown jobs %s", sorted(unknown))
+        metrics = [m for m in decoded.metrics if m[0] in known]
+        logs = [entry for entry in decoded.logs if entry[0] in known]
+        with transaction.atomic():
+            stored_points = self._store_metrics(metrics) if metrics else []
+            stored_logs = self._store_logs(logs) if logs else []
+            self._store_checkpoints([c for c in decoded.checkpoints if c[0] in known])
+            self._store_events([e for e in decoded.events if e[0] in known])
+            self._store_dropped([d for d in decoded.dropped if d[0] in known])
+            for job_id, round_number, rank, step, name, value, t in stored_points:
+                anomaly = self.detector.observe(job_id, round_number, rank, step, name, value, t)
+                if anomaly is not None:
+                    emit_once(
+                        anomaly.key,
+                        anomaly.kind,
+                        anomaly.message,
+                        job=Job(pk=anomaly.job_id, round_number=anomaly.round_number),
+                        round_number=anomaly.round_number,
+                        severity=anomaly.severity,
+                        **anomaly.data,
+                    )
+        self.points_since_stats += len(metrics)
+        self._add_to_frames(stored_points, stored_logs)
+        return len(metrics)
+
+    def _store_metrics(
+        self, rows: list[tuple[Any, ...]]
+    ) -> list[tuple[int, int, int, int, str, float, float]]:
+        with connection.cursor() as cur:
+            raw = cur.cursor  # psycopg cursor: COPY is not part of the DB-API
+            raw.execute(METRIC_TEMP)
+            with raw.copy(
+                "COPY ingest_metric (job_id, round_number, rank, seq, step, name, value, t) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            raw.execute(METRIC_INSERT, (FRAME_RANK, list(ANOMALY_NAMES)))
+            return raw.fetchall()
+
+    def _store_logs(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        with connection.cursor() as cur:
+            raw = cur.cursor
+            raw.execute(LOG_TEMP)
+            with raw.copy(
+                "COPY ingest_log (job_id, round_number, rank, stream, seq, text, t) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    # PostgreSQL text cannot hold NUL; a binary blob on stdout must not stall ingest.
+                    copy.write_row((*row[:5], row[5].replace("\x00", "\ufffd"), row[6]))
+            raw.execute(LOG_INSERT)
+            return raw.fetchall()
+
+    def _store_checkpoints(self, rows: Iterable[tuple[int, int, dict[str, Any]]]) -> None:
+        objs = []
+        for job_id, round_number, record in rows:
+            try:
+                objs.append(
+                    Checkpoint(
+                        job_id=job_id,
+                        round_number=round_number,
+                        step=_num(record, "step"),
+                        path=str(record["path"])[:1024],
+                        size_bytes=int(record.get("size_bytes") or 0),
+                        blocking_ms=float(record.get("blocking_ms") or 0.0),
+                    )
+                )
+            except (BadBatch, KeyError, TypeError, ValueError):
+                log.warning("skipped malformed checkpoint record for job %s", job_id)
+        if objs:
+            Checkpoint.objects.bulk_create(objs, ignore_conflicts=True)
+
+    def _store_events(self, rows: Iterable[tuple[int, int, int, dict[str, Any]]]) -> None:
+        for job_id, round_number, rank, record in rows:
+            name = str(record.get("event") or "event")[:64]
+            severity = record.get("severity") or Severity.INFO
+            if severity not in Severity.values:
+                severity = Severity.WARNING
+            raw_data = record.get("data")
+            data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+            emit_once(
+                f"record:{job_id}:{round_number}:{rank}:event:{record['seq']}",
+                name,
+                str(record.get("message") or name),
+                job=Job(pk=job_id, round_number=round_number),
+                round_number=round_number,
+                severity=severity,
+                rank=rank,
+                **{k: v for k, v in data.items() if k != "rank"},
+            )
+
+    def _store_dropped(self, rows: Iterable[tuple[int, int, int, dict[str, Any]]]) -> None:
+        for job_id, round_number, rank, record in rows:
+            count = record.get("count")
+            emit_once(
+                f"record:{job_id}:{round_number}:{rank}:dropped:{record['seq']}",
+                "telemetry_dropped",
+                f"The agent dropped {count} metric points of rank {rank} (its buffer was full).",
+                job=Job(pk=job_id, round_number=round_number),
+                round_number=round_number,
+                severity=Severity.WARNING,
+                rank=rank,
+                count=count,
+            )
+
+    # --- frames ----------------------------------------------------------------------------
+    def _add_to_frames(
+        self, points: list[tuple[int, int, int, int, str, float, float]], logs: list[tuple[Any, ...]]
+    ) -> None:
+        for job_id, round_number, rank, step, name, value, _t in points:
+            if rank != FRAME_RANK:
+                continue
+            frame = self.frames.setdefault(job_id, JobFrame())
+            frame.round_number = max(frame.round_number, round_number)
+            frame.series.setdefault(name, []).append((step, value))
+        for row_id, job_id, round_number, rank, stream, seq, text in logs:
+            frame = self.frames.setdefault(job_id, JobFrame())
+            frame.round_number = max(frame.round_number, round_number)
+            if len(frame.logs) >= FRAME_LOG_LINES:
+                # Viewers that want every line page through the logs API; the live tail keeps
+                # the newest ones.
+                frame.logs.pop(0)
+                frame.logs_skipped += 1
+            frame.logs.append({"id": row_id, "rank": rank, "stream": stream, "text": text, "seq": seq})
+
+    def maybe_flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_flush < FRAME_INTERVAL:
+            return
+        self.last_flush = now
+        frames, self.frames = self.frames, {}
+        for job_id, frame in frames.items():
+            number = self.frame_numbers.get(job_id, 0) + 1
+            self.frame_numbers[job_id] = number
+            message: dict[str, Any] = {"type": "job.frame", "frame": number, "round": frame.round_number}
+            if frame.series:
+                message["series"] = {
+                    name: [[s, finite_or_none(v)] for s, v in thin_points(pts, FRAME_POINTS)]
+                    for name, pts in frame.series.items()
+                }
+            if frame.logs:
+                message["lines"] = frame.logs
+                message["lines_skipped"] = frame.logs_skipped
+            if self.broadcaster is not None:
+                self.broadcaster.send(job_group(job_id), message)
+
+    def maybe_report_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        elapsed = now - self.last_stats
+        if not force and elapsed < STATS_EVERY:
+            return
+        self.last_stats = now
+        rate = self.points_since_stats / elapsed if elapsed > 0 else 0.0
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(STATS_KEY, "points_total", self.points_since_stats)
+        pipe.hincrby(STATS_KEY, "records_total", self.records_since_stats)
+        pipe.hincrby(STATS_KEY, "entries_total", self.entries_since_stats)
+        pipe.hset(
+            STATS_KEY, mapping={f"rate:{self.consumer}": f"{rate:.1f}", f"seen:{self.consumer}": time.time()}
+        )
+        pipe.execute()
+        self.points_since_stats = self.records_since_stats = self.entries_since_stats = 0

@@ -1,0 +1,84 @@
+"""``manage.py ingest``: the telemetry ingest daemon (see console.telemetry.ingest)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from types import FrameType
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import close_old_connections
+
+from console.telemetry.ingest import Broadcaster, Ingestor
+
+log = logging.getLogger("console.telemetry.ingest")
+
+# Back-off after a Redis or database failure: long enough not to spin, short enough that a
+# restarted Redis is noticed within a second or two.
+RETRY_MIN = 0.2
+RETRY_MAX = 2.0
+
+
+class Command(BaseCommand):
+    help = "Consume agent telemetry from Redis into PostgreSQL and broadcast live frames."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--consumer",
+            default=f"ingest-{socket.gethostname()}",
+            help="Consumer name in the group; keep it stable so a restart re-reads its pending entries.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5)
+        broadcaster = Broadcaster()
+        ingestor = Ingestor(client, options["consumer"], broadcaster=broadcaster)
+        log.info("ingest %s consuming %s", options["consumer"], ingestor.stream)
+        delay = RETRY_MIN
+        group_ready = False
+        try:
+            while not self.stopping:
+                try:
+                    if not group_ready:
+                        ingestor.ensure_group()
+                        group_ready = True
+                    ingestor.run_once()
+                    delay = RETRY_MIN
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
+                    self._after_failure(ingestor, delay)
+                    # A restarted Redis without persistence has no group; make it again.
+                    group_ready = False
+                    delay = min(RETRY_MAX, delay * 2)
+                except redis.ResponseError as exc:
+                    if "NOGROUP" in str(exc):
+                        group_ready = False
+                    log.warning("redis error (%s); retrying in %.1fs", exc, delay)
+                    self._after_failure(ingestor, delay)
+                    delay = min(RETRY_MAX, delay * 2)
+                except Exception:
+                    log.exception("ingest pass failed; its entries stay pending and are retried")
+                    close_old_connections()
+                    self._after_failure(ingestor, delay)
+                    delay = min(RETRY_MAX, delay * 2)
+        finally:
+            ingestor.maybe_flush(force=True)
+            broadcaster.close()
+            log.info("ingest %s stopped", options["consumer"])
+
+    def _after_failure(self, ingestor: Ingestor, delay: float) -> None:
+        ingestor.backlog = True
+        deadline = time.monotonic() + delay
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
