@@ -4,4 +4,10 @@ from console.web import views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("live/", views.cluster_live, name="cluster_live"),
+    path("jobs/", views.job_list, name="job_list"),
+    path("jobs/new/", views.job_submit, name="job_submit"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/live/", views.job_live, name="job_live"),
+    path("nodes/", views.node_list, name="node_list"),
 ]

@@ -1,0 +1,124 @@
+// A small line chart on <canvas>: a few series of [step, value] points, auto-scaled axes.
+
+const COLORS = ["#4aa3ff", "#3fb950", "#d29922", "#a371f7", "#f85149"];
+
+function niceTicks(min, max, count) {
+  if (min === max) {
+    const pad = Math.abs(min) * 0.1 || 1;
+    return niceTicks(min - pad, max + pad, count);
+  }
+  const span = max - min;
+  const raw = span / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const ticks = [];
+  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(v);
+  return { ticks, lo: Math.min(min, ticks[0] ?? min), hi: Math.max(max, ticks[ticks.length - 1] ?? max) };
+}
+
+function formatNumber(v) {
+  const a = Math.abs(v);
+  if (a >= 1e4 || (a > 0 && a < 1e-3)) return v.toExponential(1);
+  return Number(v.toPrecision(3)).toString();
+}
+
+export class LineChart {
+  constructor(canvas, legend) {
+    this.canvas = canvas;
+    this.legend = legend;
+    this.series = {};
+    this.maxPoints = 2000;
+    window.addEventListener("resize", () => this.draw());
+  }
+
+  setSeries(series) {
+    this.series = {};
+    for (const [name, points] of Object.entries(series || {})) this.series[name] = points.slice(-this.maxPoints);
+    this.draw();
+  }
+
+  // Appends points newer than what the chart has (websocket frames may repeat a tail).
+  append(series) {
+    for (const [name, points] of Object.entries(series || {})) {
+      const current = this.series[name] || [];
+      const last = current.length ? current[current.length - 1][0] : -Infinity;
+      for (const p of points) if (p[0] > last) current.push(p);
+      this.series[name] = current.slice(-this.maxPoints);
+    }
+    this.draw();
+  }
+
+  hasData() {
+    return Object.values(this.series).some((p) => p.length > 0);
+  }
+
+  draw() {
+    const canvas = this.canvas;
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || 640;
+    const height = canvas.clientHeight || 240;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+
+    const names = Object.keys(this.series).filter((n) => this.series[n].length);
+    if (this.legend) {
+      this.legend.innerHTML = "";
+      names.forEach((name, i) => {
+        const item = document.createElement("span");
+        item.style.color = COLORS[i % COLORS.length];
+        item.style.marginLeft = "12px";
+        const last = this.series[name][this.series[name].length - 1];
+        item.textContent = `● ${name} ${formatNumber(last[1])} @ ${last[0]}`;
+        this.legend.appendChild(item);
+      });
+    }
+    if (!names.length) return;
+
+    let xMin = Infinity, xMax = -Infinity, yMin = Infinity, yMax = -Infinity;
+    for (const name of names) {
+      for (const [x, y] of this.series[name]) {
+        if (!Number.isFinite(y)) continue;
+        xMin = Math.min(xMin, x); xMax = Math.max(xMax, x);
+        yMin = Math.min(yMin, y); yMax = Math.max(yMax, y);
+      }
+    }
+    if (!Number.isFinite(xMin)) return;
+    const left = 52, right = 12, top = 10, bottom = 26;
+    const plotW = width - left - right, plotH = height - top - bottom;
+    const yt = niceTicks(yMin, yMax, 4);
+    const xt = niceTicks(xMin, xMax === xMin ? xMin + 1 : xMax, 6);
+    const sx = (x) => left + ((x - xt.lo) / (xt.hi - xt.lo || 1)) * plotW;
+    const sy = (y) => top + plotH - ((y - yt.lo) / (yt.hi - yt.lo || 1)) * plotH;
+
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.strokeStyle = "#2a313c";
+    ctx.fillStyle = "#8791a0";
+    ctx.lineWidth = 1;
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    for (const t of yt.ticks) {
+      const y = Math.round(sy(t)) + 0.5;
+      ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(width - right, y); ctx.stroke();
+      ctx.fillText(formatNumber(t), left - 6, y);
+    }
+    ctx.textAlign = "center";
+    ctx.textBaseline = "top";
+    for (const t of xt.ticks) ctx.fillText(formatNumber(t), sx(t), height - bottom + 6);
+
+    names.forEach((name, i) => {
+      ctx.strokeStyle = COLORS[i % COLORS.length];
+      ctx.lineWidth = 1.6;
+      ctx.beginPath();
+      let started = false;
+      for (const [x, y] of this.series[name]) {
+        if (!Number.isFinite(y)) continue;
+        if (started) ctx.lineTo(sx(x), sy(y));
+        else { ctx.moveTo(sx(x), sy(y)); started = true; }
+      }
+      ctx.stroke();
+    });
+  }
+}

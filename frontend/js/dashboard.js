@@ -1,0 +1,78 @@
+// Dashboard, job list and node list: live rows from /ws/cluster/, polling /live/ otherwise.
+import { getJSON } from "./api.js";
+import { subscribe } from "./live.js";
+import { age, progressFraction, progressLabel, setBadge } from "./format.js";
+
+function updateJobRow(job) {
+  const row = document.querySelector(`#job-table tr[data-job-id="${job.id}"]`);
+  if (!row) return;
+  const badge = row.querySelector('[data-field="state"]');
+  const changed = badge && badge.textContent !== job.state;
+  setBadge(badge, job.state);
+  const round = row.querySelector('[data-field="round"]');
+  if (round && job.round !== undefined) round.textContent = job.round;
+  const restarts = row.querySelector('[data-field="restarts"]');
+  if (restarts && job.restarts !== undefined) {
+    const [, max] = restarts.textContent.split("/");
+    restarts.textContent = `${job.restarts}/${max ?? "?"}`;
+  }
+  const progress = row.querySelector('[data-field="progress"]');
+  if (progress && job.progress !== undefined) {
+    const f = progressFraction(job.progress);
+    progress.querySelector(".progress-bar").style.width = `${f === null ? 0 : Math.round(f * 100)}%`;
+    progress.querySelector(".progress-label").textContent = progressLabel(job.progress);
+  }
+  if (changed) {
+    row.classList.remove("flash");
+    void row.offsetWidth;
+    row.classList.add("flash");
+  }
+}
+
+function setMeter(cell, percent, suffix) {
+  if (!cell) return;
+  const p = Math.round(Number(percent) || 0);
+  cell.querySelector(".meter-bar").style.width = `${p}%`;
+  const label = cell.querySelector(".meter-label");
+  const rest = label.textContent.includes(" of ") ? label.textContent.slice(label.textContent.indexOf(" of ")) : "";
+  label.textContent = `${p}%${suffix ? rest : ""}`;
+}
+
+function updateNodeRow(node) {
+  const row = document.querySelector(`#node-table tr[data-node-id="${node.id}"]`);
+  if (!row) return;
+  setBadge(row.querySelector('[data-field="state"]'), node.state);
+  setMeter(row.querySelector('[data-field="cpu"]'), node.cpu_percent, false);
+  setMeter(row.querySelector('[data-field="mem"]'), node.memory_percent, true);
+  const hb = row.querySelector('[data-field="heartbeat"]');
+  if (hb && node.last_heartbeat) {
+    hb.dataset.at = node.last_heartbeat;
+    hb.textContent = age(node.last_heartbeat);
+  }
+}
+
+function onMessage(data) {
+  if (data.type === "job" && data.job) updateJobRow(data.job);
+  if (data.type === "node" && data.node) updateNodeRow(data.node);
+}
+
+async function poll() {
+  const data = await getJSON("/live/");
+  data.jobs.forEach(updateJobRow);
+  data.nodes.forEach(updateNodeRow);
+}
+
+// Heartbeat ages tick on their own between updates.
+setInterval(() => {
+  document.querySelectorAll('#node-table [data-field="heartbeat"]').forEach((cell) => {
+    if (cell.dataset.at) cell.textContent = age(cell.dataset.at);
+  });
+}, 1000);
+
+subscribe({
+  path: "/ws/cluster/",
+  onMessage,
+  poll,
+  intervalMs: 5000,
+  status: document.getElementById("live-status"),
+});
