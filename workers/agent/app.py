@@ -1,0 +1,141 @@
+"""The agent process: a Celery worker on queue ``node.<name>`` (solo pool, so rank processes
+are children of this process and never of a pool child that Celery may replace) plus three
+threads: the supervisor, the heartbeat and the telemetry shipper, and the reaper process.
+
+Boot: start the reaper, purge the node queue (commands from before a crash are stale; the
+controller answers the registration with AGENT_SYNC listing what should run), register, then
+consume. Clean shutdown (SIGTERM/SIGINT, handled by Celery as a warm shutdown): stop every
+round gracefully, send CONTROL_OFFLINE, flush telemetry.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery import Celery
+
+from workers import protocol
+from workers.agent.config import AgentConfig
+from workers.agent.control import ControlClient
+from workers.agent.inventory import node_info, node_load
+from workers.agent.reaper import ReaperClient
+from workers.agent.shipper import TelemetryShipper
+from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
+from workers.protocol import RoundSpec
+
+logger = logging.getLogger("workers.agent")
+
+SHUTDOWN_MARGIN_SECONDS = 15.0
+
+
+def make_celery_app(config: AgentConfig) -> Celery:
+    app = Celery(f"trainyard-agent-{config.name}", broker=config.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=protocol.node_queue(config.name),
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        worker_send_task_events=False,
+    )
+    return app
+
+
+def register_tasks(app: Celery, supervisor: Supervisor) -> None:
+    @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
+    def start_round(*, spec: RoundSpec, **_: Any) -> None:
+        supervisor.submit(StartRound(spec))
+
+    @app.task(name=protocol.AGENT_STOP_JOB, ignore_result=True)
+    def stop_job(*, job_id: int, round: int, grace_period: float | None = None, **_: Any) -> None:
+        grace = DEFAULT_GRACE_PERIOD_SECONDS if grace_period is None else float(grace_period)
+        supervisor.submit(StopJob(int(job_id), int(round), grace))
+
+    @app.task(name=protocol.AGENT_SYNC, ignore_result=True)
+    def sync(*, rounds: list[RoundSpec], **_: Any) -> None:
+        supervisor.submit(Sync(list(rounds)))
+
+
+def purge_node_queue(app: Celery, name: str) -> int:
+    with app.connection_for_write() as connection:
+        purged: int = connection.default_channel.queue_purge(protocol.node_queue(name)) or 0
+    return purged
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, interval: float, control: ControlClient, supervisor: Supervisor) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self._interval = interval
+        self._control = control
+        self._supervisor = supervisor
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self._interval):
+            self._control.send(
+                protocol.CONTROL_HEARTBEAT, load=node_load(), rounds=self._supervisor.statuses()
+            )
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=5)
+
+
+def run_agent(config: AgentConfig) -> int:
+    session = uuid.uuid4().hex
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.checkpoint_root.mkdir(parents=True, exist_ok=True)
+    app = make_celery_app(config)
+    control = ControlClient(app, config.name, config.token, session)
+    reaper = ReaperClient()
+    shipper = TelemetryShipper(config.broker_url, config.name)
+    supervisor = Supervisor(config, control, shipper, reaper)
+    register_tasks(app, supervisor)
+    shipper.start()
+    supervisor.start()
+    heartbeat = Heartbeat(config.heartbeat, control, supervisor)
+    try:
+        purged = purge_node_queue(app, config.name)
+        info = node_info(config.address, config.slots)
+        logger.info(
+            "agent %s (session %s, reaper pid %s): %s cpus, %s gpus, address %s; purged %s stale commands",
+            config.name,
+            session,
+            reaper.pid,
+            info["cpus"],
+            len(info["gpus"]),
+            info["address"],
+            purged,
+        )
+        control.send(protocol.CONTROL_REGISTER, info=info)
+        heartbeat.start()
+        worker = app.Worker(
+            hostname=f"{config.name}@{socket.gethostname()}",
+            queues=[protocol.node_queue(config.name)],
+            pool_cls="solo",
+            concurrency=1,
+            without_gossip=True,
+            without_mingle=True,
+            without_heartbeat=True,
+            loglevel="INFO",
+            quiet=True,
+        )
+        worker.start()
+    finally:
+        logger.info("agent %s shutting down: stopping local rounds", config.name)
+        supervisor.shutdown(timeout=supervisor.longest_grace() + SHUTDOWN_MARGIN_SECONDS)
+        if heartbeat.is_alive():
+            heartbeat.stop()
+        control.send(protocol.CONTROL_OFFLINE)
+        shipper.stop()
+        reaper.close()
+    return 0

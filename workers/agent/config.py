@@ -1,0 +1,68 @@
+"""Agent settings: command-line flags with environment fallbacks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    broker_url: str
+    token: str
+    address: str  # "" = detect the host's primary address
+    slots: int  # 0 = the CPU count
+    heartbeat: float
+    data_dir: Path
+    checkpoint_root: Path
+
+    @property
+    def rounds_dir(self) -> Path:
+        return self.data_dir / "rounds"
+
+    @property
+    def bundles_dir(self) -> Path:
+        return self.data_dir / "bundles"
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        return self.checkpoint_root / f"job-{job_id}"
+
+
+def parse_config(argv: list[str] | None = None) -> AgentConfig:
+    parser = argparse.ArgumentParser(prog="python -m workers.agent", description="Trainyard node agent")
+    parser.add_argument("--name", required=True, help="node name; the agent consumes queue node.<name>")
+    parser.add_argument("--broker", default="", help="Redis broker URL (TRAINYARD_BROKER_URL, REDIS_URL)")
+    parser.add_argument("--token", default="", help="node token (TRAINYARD_NODE_TOKEN)")
+    parser.add_argument("--address", default="", help="address peers reach this host at")
+    parser.add_argument("--slots", type=int, default=0, help="rank slots (default: CPU count)")
+    parser.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
+    parser.add_argument("--data-dir", default="", help="TRAINYARD_AGENT_DATA, ~/.trainyard-agent/<name>")
+    parser.add_argument(
+        "--checkpoint-root",
+        default="",
+        help="TRAINYARD_CHECKPOINT_ROOT, default <data-dir>/../checkpoints; shared storage on a cluster",
+    )
+    ns = parser.parse_args(argv)
+    broker = ns.broker or os.environ.get("TRAINYARD_BROKER_URL") or os.environ.get("REDIS_URL") or ""
+    data_dir = Path(
+        ns.data_dir or os.environ.get("TRAINYARD_AGENT_DATA") or Path.home() / ".trainyard-agent" / ns.name
+    ).resolve()
+    checkpoint_root = Path(
+        ns.checkpoint_root or os.environ.get("TRAINYARD_CHECKPOINT_ROOT") or data_dir.parent / "checkpoints"
+    ).resolve()
+    return AgentConfig(
+        name=ns.name,
+        broker_url=broker or DEFAULT_BROKER_URL,
+        token=ns.token or os.environ.get("TRAINYARD_NODE_TOKEN", ""),
+        address=ns.address,
+        slots=ns.slots,
+        heartbeat=ns.heartbeat,
+        data_dir=data_dir,
+        checkpoint_root=checkpoint_root,
+    )

@@ -1,0 +1,205 @@
+"""How one rank process is made: its command, its environment (torchrun's contract plus
+TRAINYARD_*), its files, and the Popen wrapper from torch.distributed.elastic.
+
+A script that runs under ``torchrun`` runs unchanged here: every variable torchrun's local agent
+sets for a worker is set the same way, and rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT
+(the controller hands every round a fresh port, so no round reuses another's store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+from workers import protocol
+from workers.agent.config import AgentConfig
+from workers.protocol import RoundSpec
+
+DOWNLOAD_CHUNK_BYTES = 1 << 20
+DOWNLOAD_TIMEOUT_SECONDS = 60.0
+
+
+class LaunchError(Exception):
+    """The round cannot start on this host (bad bundle, missing entrypoint)."""
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    directory: Path
+    stdout: Path
+    stderr: Path
+    error_file: Path
+    telemetry: Path
+
+    @classmethod
+    def for_rank(cls, config: AgentConfig, spec: RoundSpec, local_rank: int) -> RankFiles:
+        directory = (
+            config.rounds_dir / f"job-{spec['job_id']}" / f"round-{spec['round']}" / f"rank-{local_rank}"
+        )
+        return cls(
+            directory=directory,
+            stdout=directory / "stdout.log",
+            stderr=directory / "stderr.log",
+            error_file=directory / "error.json",
+            telemetry=directory / "telemetry.jsonl",
+        )
+
+    def prepare(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # A redelivered start of the same round must not read the previous attempt's error.
+        self.error_file.unlink(missing_ok=True)
+
+
+def global_rank(spec: RoundSpec, local_rank: int) -> int:
+    return spec["node_rank"] * spec["nproc_per_node"] + local_rank
+
+
+def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankFiles) -> dict[str, str]:
+    rank = global_rank(spec, local_rank)
+    env = dict(spec["env"])
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(spec["world_size"]),
+            "LOCAL_WORLD_SIZE": str(spec["nproc_per_node"]),
+            "GROUP_RANK": str(spec["node_rank"]),
+            "GROUP_WORLD_SIZE": str(spec["nnodes"]),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(spec["world_size"]),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": spec["master_addr"],
+            "MASTER_PORT": str(spec["master_port"]),
+            "TORCHELASTIC_RESTART_COUNT": str(spec["restart_count"]),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec["max_restarts"]),
+            "TORCHELASTIC_RUN_ID": spec["run_id"],
+            # Rank 0 hosts the store itself (env:// init), as with a static torchrun rendezvous.
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": str(files.error_file),
+            "OMP_NUM_THREADS": spec["env"].get("OMP_NUM_THREADS", "1"),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in spec["gpu_indices"]),
+            protocol.ENV_JOB_ID: str(spec["job_id"]),
+            protocol.ENV_ROUND: str(spec["round"]),
+            protocol.ENV_NODE: config.name,
+            protocol.ENV_CHECKPOINT_DIR: str(config.checkpoint_dir(spec["job_id"])),
+            protocol.ENV_TELEMETRY: str(files.telemetry),
+            protocol.ENV_HYPERPARAMETERS: json.dumps(spec["hyperparameters"]),
+            protocol.ENV_PRECISION: spec["precision"],
+            protocol.ENV_GRAD_ACCUM: str(spec["grad_accum_steps"]),
+            protocol.ENV_STRATEGY: spec["strategy"],
+        }
+    )
+    return env
+
+
+@dataclass(frozen=True)
+class Command:
+    entrypoint: str
+    args: tuple[str, ...]
+    cwd: Path | None
+
+
+def rank_command(spec: RoundSpec, bundle_dir: Path | None) -> Command:
+    cwd = bundle_dir or (Path(spec["workdir"]) if spec["workdir"] else None)
+    args = tuple(str(arg) for arg in spec["args"])
+    if spec["workload"]:
+        return Command(sys.executable, ("-m", "workers.workloads", spec["workload"], *args), cwd)
+    entrypoint = spec["entrypoint"]
+    if not entrypoint:
+        raise LaunchError("the round names neither a workload nor an entrypoint")
+    if entrypoint.endswith(".py"):
+        script = (cwd / entrypoint) if cwd is not None else Path(entrypoint)
+        if not script.is_file():
+            raise LaunchError(f"entrypoint {entrypoint!r} not found in {cwd or Path.cwd()}")
+        return Command(sys.executable, (entrypoint, *args), cwd)
+    return Command(entrypoint, args, cwd)
+
+
+class RankHandler(SubprocessHandler):
+    """torch's SubprocessHandler (new session per rank, per-rank stdout/stderr files, close() =
+    killpg) plus a working directory, which it does not support."""
+
+    def __init__(self, command: Command, env: dict[str, str], files: RankFiles, local_rank: int) -> None:
+        self._cwd = command.cwd
+        super().__init__(
+            entrypoint=command.entrypoint,
+            args=command.args,
+            env=env,
+            stdout=str(files.stdout),
+            stderr=str(files.stderr),
+            local_rank_id=local_rank,
+            numa_options=None,
+        )
+
+    def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:  # type: ignore[type-arg]
+        return subprocess.Popen(
+            args=args,
+            env=env,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            cwd=self._cwd,
+            start_new_session=True,
+        )
+
+    def close_files(self) -> None:
+        for stream in (self._stdout, self._stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+
+
+def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
+    """Downloads, verifies and extracts the round's code bundle, cached by sha256."""
+    bundle = spec["bundle"]
+    if not bundle:
+        return None
+    sha256 = bundle["sha256"].lower()
+    dest = config.bundles_dir / sha256
+    if dest.is_dir():
+        return dest
+    import requests
+
+    from workers.bundles import extract_bundle
+
+    config.bundles_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=config.bundles_dir, prefix=".fetch-") as tmp:
+        archive = Path(tmp) / "bundle"
+        digest = hashlib.sha256()
+        try:
+            with requests.get(
+                bundle["url"],
+                headers={"Authorization": f"Bearer {config.token}"},
+                stream=True,
+                timeout=DOWNLOAD_TIMEOUT_SECONDS,
+            ) as response:
+                response.raise_for_status()
+                with archive.open("wb") as fh:
+                    for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
+                        digest.update(chunk)
+                        fh.write(chunk)
+        except requests.RequestException as exc:
+            raise LaunchError(f"bundle download failed: {exc}") from exc
+        if digest.hexdigest() != sha256:
+            raise LaunchError(f"bundle sha256 mismatch: expected {sha256}, got {digest.hexdigest()}")
+        staging = Path(tmp) / "extracted"
+        staging.mkdir()
+        try:
+            extract_bundle(archive, staging)
+        except Exception as exc:
+            raise LaunchError(f"bundle extraction failed: {exc}") from exc
+        # Another round may have extracted the same bundle meanwhile; either copy is good.
+        try:
+            os.replace(staging, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest

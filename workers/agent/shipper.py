@@ -1,0 +1,273 @@
+"""Telemetry shipping: tails every rank's telemetry file and stdout/stderr logs and XADDs
+batches to the Redis stream ``TELEMETRY_STREAM`` (format in workers/protocol.py).
+
+Training never waits on this: ranks only append to local files, and one thread here reads
+them every SHIP_INTERVAL_SECONDS. When Redis is unreachable the thread keeps reading into an
+in-memory buffer of at most MAX_BUFFERED_RECORDS records (about 200,000 x a few hundred bytes,
+well under 100 MB). Past that bound it drops the OLDEST metric records (a later point of the
+same curve is worth more than an old one) and leaves a ``{"kind": "dropped", "count": N}``
+record where they were; events and checkpoint records are never dropped, and log lines only
+when nothing else is left to drop (they stay in the rank's local log file anyway). On
+reconnect everything buffered is sent in order. Delivery is at-least-once: a batch whose XADD
+failed half-way is sent again, and ingest de-duplicates by (rank, kind, seq).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from workers.protocol import TELEMETRY_STREAM
+
+logger = logging.getLogger(__name__)
+
+MAX_BUFFERED_RECORDS = 200_000
+"""Records held while Redis is unreachable before the oldest metric records are dropped."""
+SHIP_INTERVAL_SECONDS = 0.1
+MAX_BATCH_RECORDS = 500
+"""Records per XADD entry: keeps one stream entry well under a megabyte for ingest."""
+MAX_RECORDS_PER_SEND = 20_000
+"""Records per pipeline round trip, so a long backlog drains in steps and reading goes on."""
+RETRY_SECONDS = 1.0
+MAX_LOG_LINE_CHARS = 8_192
+
+RoundKey = tuple[int, int]  # (job_id, round)
+RankKey = tuple[int, int, int]  # (job_id, round, rank)
+
+
+@dataclass
+class _Tail:
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+
+    def read_lines(self) -> list[bytes]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        if not data:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        return lines
+
+
+@dataclass
+class _Source:
+    key: RankKey
+    telemetry: _Tail
+    stdout: _Tail
+    stderr: _Tail
+    log_lines: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    seqs: dict[str, int] = field(default_factory=dict)
+    finishing: bool = False
+
+
+@dataclass
+class RoundProgress:
+    last_step: int | None = None
+    first_step_at: float | None = None
+
+
+class TelemetryShipper(threading.Thread):
+    def __init__(self, redis_url: str, node: str) -> None:
+        super().__init__(name="telemetry-shipper", daemon=True)
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self._node = node
+        self._lock = threading.Lock()
+        self._sources: dict[RankKey, _Source] = {}
+        self._progress: dict[RoundKey, RoundProgress] = {}
+        self._buffer: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
+        self._stopping = threading.Event()
+        self._retry_at = 0.0
+        self.connected = True
+
+    # --- called by the supervisor ------------------------------------------------------------
+    def add(self, job_id: int, round_: int, rank: int, telemetry: Path, stdout: Path, stderr: Path) -> None:
+        key = (job_id, round_, rank)
+        with self._lock:
+            self._sources[key] = _Source(key, _Tail(telemetry), _Tail(stdout), _Tail(stderr))
+            self._progress.setdefault((job_id, round_), RoundProgress())
+
+    def finish(self, job_id: int, round_: int, rank: int) -> None:
+        """The rank has exited: read its files to the end once more, then stop tailing them."""
+        with self._lock:
+            source = self._sources.get((job_id, round_, rank))
+            if source is not None:
+                source.finishing = True
+
+    def progress(self, job_id: int, round_: int) -> RoundProgress:
+        with self._lock:
+            found = self._progress.get((job_id, round_))
+            return RoundProgress(found.last_step, found.first_step_at) if found else RoundProgress()
+
+    def forget_round(self, job_id: int, round_: int) -> None:
+        with self._lock:
+            self._progress.pop((job_id, round_), None)
+
+    @property
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    # --- the thread --------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self.tick()
+            self._stopping.wait(max(0.0, SHIP_INTERVAL_SECONDS - (time.monotonic() - started)))
+
+    def stop(self, flush_timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        deadline = time.monotonic() + flush_timeout
+        self._retry_at = 0.0
+        self.tick()
+        while self.buffered and time.monotonic() < deadline:
+            time.sleep(0.2)
+            self._retry_at = 0.0
+            self.tick()
+
+    def tick(self) -> None:
+        try:
+            self._read_sources()
+            if time.monotonic() >= self._retry_at:
+                self._send()
+        except Exception:
+            logger.exception("telemetry shipping failed; retrying")
+
+    # --- reading -----------------------------------------------------------------------------
+    def _read_sources(self) -> None:
+        with self._lock:
+            sources = list(self._sources.values())
+        now = time.time()
+        for source in sources:
+            finishing = source.finishing
+            records: list[dict[str, Any]] = []
+            for line in source.telemetry.read_lines():
+                record = self._telemetry_record(source, line, now)
+                if record is not None:
+                    records.append(record)
+            for stream, tail in (("stdout", source.stdout), ("stderr", source.stderr)):
+                lines = tail.read_lines()
+                if finishing and tail.partial:
+                    lines.append(tail.partial)
+                    tail.partial = b""
+                for raw in lines:
+                    source.log_lines[stream] += 1
+                    text = raw.decode("utf-8", errors="replace").rstrip("\r")[:MAX_LOG_LINE_CHARS]
+                    records.append(
+                        {
+                            "kind": "log",
+                            "seq": source.log_lines[stream],
+                            "t": now,
+                            "stream": stream,
+                            "text": text,
+                        }
+                    )
+            with self._lock:
+                self._buffer.extend((source.key, record) for record in records)
+                if finishing:
+                    self._sources.pop(source.key, None)
+                if len(self._buffer) > MAX_BUFFERED_RECORDS:
+                    self._drop_oldest()
+
+    def _telemetry_record(self, source: _Source, line: bytes, now: float) -> dict[str, Any] | None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+            return None
+        kind = record["kind"]
+        if "seq" not in record:
+            source.seqs[kind] = source.seqs.get(kind, 0) + 1
+            record["seq"] = source.seqs[kind]
+        record.setdefault("t", now)
+        if kind == "metric" and isinstance(record.get("step"), int):
+            job_id, round_, _ = source.key
+            with self._lock:
+                progress = self._progress.setdefault((job_id, round_), RoundProgress())
+                if progress.last_step is None or record["step"] > progress.last_step:
+                    progress.last_step = record["step"]
+                if progress.first_step_at is None:
+                    progress.first_step_at = float(record["t"])
+        return record
+
+    def _drop_oldest(self) -> None:
+        """Called with the lock held. Drops oldest metric records (then log lines) down to 90%
+        of the bound, so the cost of rebuilding the deque is paid once per 20,000 records."""
+        excess = len(self._buffer) - (MAX_BUFFERED_RECORDS - MAX_BUFFERED_RECORDS // 10)
+        for droppable in ("metric", "log"):
+            if excess <= 0:
+                break
+            markers: dict[RankKey, dict[str, Any]] = {}
+            kept: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
+            for key, record in self._buffer:
+                if excess > 0 and record["kind"] == droppable:
+                    excess -= 1
+                    marker = markers.get(key)
+                    if marker is None:
+                        marker = {"kind": "dropped", "seq": record["seq"], "t": record["t"], "count": 0}
+                        markers[key] = marker
+                        kept.append((key, marker))
+                        excess += 1
+                    marker["count"] += 1
+                    continue
+                kept.append((key, record))
+            self._buffer = kept
+
+    # --- sending -----------------------------------------------------------------------------
+    def _send(self) -> None:
+        while True:
+            with self._lock:
+                if not self._buffer:
+                    return
+                chunk = [self._buffer[i] for i in range(min(MAX_RECORDS_PER_SEND, len(self._buffer)))]
+            batches: dict[RankKey, list[list[dict[str, Any]]]] = {}
+            for key, record in chunk:
+                per_key = batches.setdefault(key, [[]])
+                if len(per_key[-1]) >= MAX_BATCH_RECORDS:
+                    per_key.append([])
+                per_key[-1].append(record)
+            pipe = self._redis.pipeline(transaction=False)
+            for (job_id, round_, rank), groups in batches.items():
+                for records in groups:
+                    batch = {
+                        "job_id": job_id,
+                        "round": round_,
+                        "rank": rank,
+                        "node": self._node,
+                        "records": records,
+                    }
+                    pipe.xadd(TELEMETRY_STREAM, {"batch": json.dumps(batch)})
+            try:
+                pipe.execute()
+            except redis.RedisError as exc:
+                if self.connected:
+                    logger.warning("telemetry: Redis unreachable (%s); buffering", exc)
+                self.connected = False
+                self._retry_at = time.monotonic() + RETRY_SECONDS
+                return
+            if not self.connected:
+                logger.info("telemetry: Redis reachable again")
+            self.connected = True
+            with self._lock:
+                # Only this thread removes from the left, so the chunk is still at the front
+                # unless _drop_oldest rebuilt the deque meanwhile (it runs on this thread too).
+                for _ in range(len(chunk)):
+                    self._buffer.popleft()
