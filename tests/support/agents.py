@@ -1,0 +1,353 @@
+"""Helpers for tests that run real agents: start them as subprocesses, act as the controller
+by reading the real Celery messages they send to queue ``control`` and sending real AGENT_*
+tasks, and clean up every process by pid even when a test fails.
+
+    def test_something(agent_procs: AgentProcs, control_queue: ControlQueue) -> None:
+        agent = agent_procs.start("gpu-01", data_root=tmp_path)
+        register = control_queue.wait_for(protocol.CONTROL_REGISTER, node="gpu-01")
+        control_queue.send("gpu-01", protocol.AGENT_START_ROUND, spec=round_spec(...))
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import redis
+from celery import Celery
+
+from workers import protocol
+from workers.protocol import RoundSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DDP_SCRIPT = REPO_ROOT / "tests" / "scripts" / "ddp_train.py"
+AGENT_STOP_TIMEOUT = 60.0
+
+
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/1")
+
+
+def pid_alive(pid: int, create_time: float | None = None) -> bool:
+    """True while the process runs. A zombie has exited (its parent just has not reaped it),
+    and a pid reused by a newer process is not the one we meant."""
+    try:
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - create_time) > 0.5:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return check()
+
+
+@dataclass
+class AgentProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    data_dir: Path
+    checkpoint_root: Path
+    log_path: Path
+    known_pids: dict[int, float] = field(default_factory=dict)  # pid -> create time
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def remember_descendants(self) -> None:
+        for proc in self.descendants():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self.known_pids[proc.pid] = proc.create_time()
+
+    def stop(self, timeout: float = AGENT_STOP_TIMEOUT) -> int:
+        """SIGTERM (a clean agent shutdown) and wait for the exit code."""
+        self.remember_descendants()
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        self.remember_descendants()
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def start_agent(
+    name: str,
+    broker_url: str,
+    *,
+    token: str,
+    data_dir: Path,
+    checkpoint_root: Path,
+    heartbeat: float = 0.5,
+    extra_args: list[str] | None = None,
+) -> AgentProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir.parent / f"agent-{name}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.agent",
+                "--name",
+                name,
+                "--broker",
+                broker_url,
+                "--token",
+                token,
+                "--address",
+                "127.0.0.1",
+                "--heartbeat",
+                str(heartbeat),
+                "--data-dir",
+                str(data_dir),
+                "--checkpoint-root",
+                str(checkpoint_root),
+                *(extra_args or []),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return AgentProcess(name, popen, data_dir, checkpoint_root, log_path)
+
+
+class AgentProcs:
+    """Every agent a test starts; ``cleanup`` kills agents and all their descendants by pid."""
+
+    def __init__(self, root: Path, broker_url: str, token: str = "node-token-1") -> None:
+        self.root = root
+        self.broker_url = broker_url
+        self.token = token
+        self.agents: list[AgentProcess] = []
+
+    def start(
+        self, name: str, *, heartbeat: float = 0.5, extra_args: list[str] | None = None
+    ) -> AgentProcess:
+        agent = start_agent(
+            name,
+            self.broker_url,
+            token=self.token,
+            data_dir=self.root / "agents" / name,
+            checkpoint_root=self.root / "checkpoints",
+            heartbeat=heartbeat,
+            extra_args=extra_args,
+        )
+        self.agents.append(agent)
+        return agent
+
+    def cleanup(self) -> None:
+        for agent in self.agents:
+            agent.remember_descendants()
+        for agent in self.agents:
+            if agent.popen.poll() is None:
+                agent.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.popen.wait(10)
+        for agent in self.agents:
+            for pid, created in agent.known_pids.items():
+                if pid_alive(pid, created):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+        leftovers = [
+            pid
+            for agent in self.agents
+            for pid, created in agent.known_pids.items()
+            if pid_alive(pid, created)
+        ]
+        wait_until(lambda: not any(pid_alive(pid) for pid in leftovers), 10)
+
+
+@dataclass
+class ControlMessage:
+    task: str
+    kwargs: dict[str, Any]
+
+
+class ControlQueue:
+    """The controller's side of the wire, for tests: pops the Celery protocol-2 messages agents
+    send to queue ``control`` straight from Redis, and sends AGENT_* tasks through Celery."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.redis = redis.Redis.from_url(url)
+        self.app = Celery("trainyard-test-controller", broker=url, set_as_current=False)
+        self.app.conf.update(task_serializer="json", accept_content=["json"])
+        self.history: list[ControlMessage] = []
+        self._unclaimed: list[ControlMessage] = []
+
+    @staticmethod
+    def decode(raw: bytes | str) -> ControlMessage:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        _args, kwargs, _embed = json.loads(body)
+        return ControlMessage(task=envelope["headers"]["task"], kwargs=kwargs)
+
+    def purge(self) -> None:
+        self.redis.delete(protocol.CONTROL_QUEUE)
+        self._unclaimed.clear()
+
+    def pop(self, timeout: float) -> ControlMessage | None:
+        popped = self.redis.brpop([protocol.CONTROL_QUEUE], timeout=max(1, int(timeout + 0.999)))
+        if popped is None:
+            return None
+        message = self.decode(popped[1])
+        self.history.append(message)
+        return message
+
+    def wait_for(
+        self,
+        task: str,
+        timeout: float = 30.0,
+        match: Callable[[ControlMessage], bool] | None = None,
+        **kwargs: Any,
+    ) -> ControlMessage:
+        """The first message of ``task`` whose kwargs include ``kwargs`` (and that ``match``
+        accepts). Messages popped on the way stay available to later calls."""
+
+        def wanted(message: ControlMessage) -> bool:
+            return (
+                message.task == task
+                and all(message.kwargs.get(k) == v for k, v in kwargs.items())
+                and (match is None or match(message))
+            )
+
+        for index, message in enumerate(self._unclaimed):
+            if wanted(message):
+                return self._unclaimed.pop(index)
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            popped = self.pop(min(remaining, 1.0))
+            if popped is None:
+                continue
+            if wanted(popped):
+                return popped
+            self._unclaimed.append(popped)
+        seen = sorted({(m.task, m.kwargs.get("node")) for m in self._unclaimed})
+        raise AssertionError(f"no {task} {kwargs} within {timeout:.0f} s; unclaimed: {seen}")
+
+    def drain(self, seconds: float) -> list[ControlMessage]:
+        """Everything that arrives within ``seconds`` (plus what was unclaimed)."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = self.pop(min(remaining, 1.0))
+            if message is not None:
+                self._unclaimed.append(message)
+        drained, self._unclaimed = self._unclaimed, []
+        return drained
+
+    def send(self, node: str, task: str, **kwargs: Any) -> None:
+        self.app.send_task(task, kwargs=kwargs, queue=protocol.node_queue(node))
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def round_spec(
+    *,
+    job_id: int,
+    round_: int,
+    node_rank: int,
+    nnodes: int,
+    master_port: int,
+    args: list[str],
+    nproc_per_node: int = 2,
+    entrypoint: str = str(DDP_SCRIPT),
+    restart_count: int = 0,
+    grace_period: float = 10.0,
+    env: dict[str, str] | None = None,
+) -> RoundSpec:
+    return RoundSpec(
+        job_id=job_id,
+        round=round_,
+        run_id=f"job-{job_id}-round-{round_}",
+        node_rank=node_rank,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        world_size=nnodes * nproc_per_node,
+        master_addr="127.0.0.1",
+        master_port=master_port,
+        workload="",
+        entrypoint=entrypoint,
+        args=args,
+        bundle=None,
+        workdir=str(REPO_ROOT),
+        env=env or {},
+        hyperparameters={"lr": 0.01},
+        strategy="allreduce",
+        precision="fp32",
+        grad_accum_steps=1,
+        gpu_indices=[],
+        restart_count=restart_count,
+        max_restarts=3,
+        grace_period=grace_period,
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def read_progress(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def control_queue() -> Iterator[ControlQueue]:
+    queue = ControlQueue(redis_url())
+    queue.purge()
+    yield queue
+    queue.purge()
+    queue.close()
+
+
+@pytest.fixture
+def agent_procs(tmp_path: Path) -> Iterator[AgentProcs]:
+    procs = AgentProcs(tmp_path, redis_url())
+    try:
+        yield procs
+    finally:
+        procs.cleanup()
