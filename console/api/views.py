@@ -33,7 +33,7 @@ class TokenViewSet(
     serializer_class = TokenSerializer
 
     def get_queryset(self) -> QuerySet[ApiToken]:
-        return ApiToken.objects.filter(user_id=self.request.user.pk, revoked=False)
+        return ApiToken.objects.filter(user_id=int(self.request.user.pk or 0), revoked=False)
 
     @extend_schema(request=TokenSerializer, responses={201: NewTokenSerializer})
     def create(self, request: Request) -> Response:

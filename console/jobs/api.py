@@ -152,10 +152,8 @@ class JobSpecSerializer(serializers.Serializer):
 
     @staticmethod
     def _validate_workload(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
-        try:
-            from workers.workloads import catalog
-        except ImportError:  # pragma: no cover - the catalogue ships with the project
-            return hyperparameters
+        from workers.workloads import catalog
+
         if name not in catalog.WORKLOADS:
             known = ", ".join(sorted(catalog.WORKLOADS))
             raise serializers.ValidationError(
@@ -299,6 +297,8 @@ def _control(call: Any, *args: Any) -> Job:
         return call(*args)
     except Job.DoesNotExist:
         raise Http404("No such job.") from None
+    except control.InvalidRequest as exc:
+        raise serializers.ValidationError({"nodes": [str(exc)]}) from None
     except control.ControlError as exc:
         raise Conflict(str(exc)) from None
 

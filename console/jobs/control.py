@@ -56,6 +56,10 @@ class ControlError(Exception):
     """An operator request that cannot be carried out now; the message says why."""
 
 
+class InvalidRequest(ControlError):
+    """An operator request that can never be carried out as given (e.g. out of range)."""
+
+
 # --- locking and messaging ------------------------------------------------------------------
 
 
@@ -337,7 +341,7 @@ def request_reconcile() -> None:
 
 
 def _locked_job(job_id: int) -> Job:
-    return Job.objects.select_for_update().select_related("bundle").get(pk=job_id)
+    return Job.objects.select_for_update(of=("self",)).select_related("bundle").get(pk=job_id)
 
 
 def _round_nodes(rnd: Round | None) -> list[Node]:
@@ -365,7 +369,7 @@ def resize_job(job_id: int, nodes: int, actor: Any) -> Job:
     with decision():
         job = _locked_job(job_id)
         if not job.min_nodes <= nodes <= job.max_nodes:
-            raise ControlError(
+            raise InvalidRequest(
                 f"Job {job.name} runs on {job.nnodes} nodes; {nodes} is outside {job.min_nodes}..{job.max_nodes}."
             )
         if job.job_state.is_terminal:
