@@ -119,6 +119,17 @@ def _time(record: dict[str, Any]) -> float:
     return float(value)
 
 
+def json_safe(value: Any) -> Any:
+    """Agent-supplied data with NaN/Infinity replaced by None: jsonb and browsers reject them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def decode_batch(raw: bytes | str, into: Decoded) -> None:
     """Add one stream entry's records to ``into``; raises BadBatch when the envelope is unusable.
     A bad record inside a good batch is skipped and counted, never fatal."""
@@ -387,7 +398,7 @@ class Ingestor:
             if severity not in Severity.values:
                 severity = Severity.WARNING
             raw_data = record.get("data")
-            data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+            data: dict[str, Any] = json_safe(raw_data) if isinstance(raw_data, dict) else {}
             emit_once(
                 f"record:{job_id}:{round_number}:{rank}:event:{record['seq']}",
                 name,
@@ -410,7 +421,7 @@ class Ingestor:
                 round_number=round_number,
                 severity=Severity.WARNING,
                 rank=rank,
-                count=count,
+                count=json_safe(count),
             )
 
     # --- frames ----------------------------------------------------------------------------

@@ -1,3 +1,11 @@
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from console.telemetry import api
+
+urlpatterns: list[URLPattern] = [
+    path("jobs/<int:job_id>/metrics/", api.MetricsView.as_view(), name="job-metrics"),
+    path("jobs/<int:job_id>/metrics/ranks/", api.RanksView.as_view(), name="job-metrics-ranks"),
+    path("jobs/<int:job_id>/events/", api.EventsView.as_view(), name="job-events"),
+    path("jobs/<int:job_id>/logs/", api.LogsView.as_view(), name="job-logs"),
+    path("jobs/<int:job_id>/checkpoints/", api.CheckpointsView.as_view(), name="job-checkpoints"),
+]

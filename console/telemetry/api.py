@@ -1,0 +1,238 @@
+"""Telemetry queries under /api/v1/jobs/<id>/: metrics, per-rank timing, events, logs, checkpoints."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from django.db import connection
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.jobs.models import Checkpoint, Job
+from console.telemetry.anomalies import STEP_TIME_NAME, STRAGGLER_FACTOR, THROUGHPUT_NAME
+from console.telemetry.downsample import (
+    DEFAULT_QUERY_POINTS,
+    MAX_QUERY_POINTS,
+    finite_or_none,
+    query_series,
+    series_names,
+)
+from console.telemetry.events import event_payload
+from console.telemetry.models import Event, LogLine
+
+# Per-rank timing looks at this many of each rank's latest points.
+RANK_WINDOW = 20
+DEFAULT_LOG_LIMIT = 200
+MAX_LOG_LIMIT = 5000
+MAX_SERIES_PER_QUERY = 50
+
+
+def get_job(job_id: int) -> Job:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"Job {job_id} does not exist.")
+    return job
+
+
+def validated(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.query_params)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class MetricsQuery(serializers.Serializer):
+    name = serializers.CharField(required=False, max_length=128 * MAX_SERIES_PER_QUERY)
+    to = serializers.IntegerField(required=False, min_value=0)
+    points = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_QUERY_POINTS, default=DEFAULT_QUERY_POINTS
+    )
+    rank = serializers.IntegerField(required=False, min_value=0)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        # "from" is a Python keyword, so it cannot be declared as a class attribute.
+        fields["from"] = serializers.IntegerField(required=False, min_value=0)
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        start, end = attrs.get("from"), attrs.get("to")
+        if start is not None and end is not None and start > end:
+            raise serializers.ValidationError({"from": ["must not be after 'to'."]})
+        return attrs
+
+
+class MetricsView(APIView):
+    """Series downsampled to at most ``points`` buckets each: {"series": {name: [bucket, ...]}}.
+
+    Steps are the x axis: ``from``/``to`` bound steps; a bucket carries its first and last step and
+    the min, max, mean and count of the values in it (raw and rolled-up points alike)."""
+
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        params = validated(MetricsQuery, request)
+        names = (
+            [n for n in params["name"].split(",") if n][:MAX_SERIES_PER_QUERY]
+            if params.get("name")
+            else series_names(job.pk)[:MAX_SERIES_PER_QUERY]
+        )
+        series = {
+            name: [
+                b.as_json()
+                for b in query_series(
+                    job.pk,
+                    name,
+                    start=params.get("from"),
+                    end=params.get("to"),
+                    points=params["points"],
+                    rank=params.get("rank"),
+                )
+            ]
+            for name in names
+        }
+        return Response({"job": job.pk, "points": params["points"], "series": series})
+
+
+class RanksQuery(serializers.Serializer):
+    round = serializers.IntegerField(required=False, min_value=1)
+
+
+class RanksView(APIView):
+    """Per-rank step time and throughput over each rank's latest points, with stragglers marked
+    (step time above 1.5x the other ranks' median, as the ingest detector uses)."""
+
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        params = validated(RanksQuery, request)
+        round_number = params.get("round") or job.round_number
+        sql = """
+            SELECT rank, name, array_agg(value ORDER BY step), max(step) FROM (
+                SELECT rank, name, value, step,
+                       row_number() OVER (PARTITION BY rank, name ORDER BY step DESC) AS rn
+                FROM telemetry_metric
+                WHERE job_id = %(job)s AND round_number = %(round)s AND name = ANY(%(names)s)
+            ) recent
+            WHERE rn <= %(window)s
+            GROUP BY rank, name
+        """
+        with connection.cursor() as cur:
+            cur.execute(
+                sql,
+                {
+                    "job": job.pk,
+                    "round": round_number,
+                    "names": [STEP_TIME_NAME, THROUGHPUT_NAME],
+                    "window": RANK_WINDOW,
+                },
+            )
+            rows = cur.fetchall()
+        ranks: dict[int, dict[str, Any]] = {}
+        for rank, name, values, last_step in rows:
+            entry = ranks.setdefault(
+                rank, {"rank": rank, "step_time": None, "throughput": None, "last_step": 0}
+            )
+            finite = [v for v in values if v == v and abs(v) != float("inf")]
+            entry[name] = statistics.median(finite) if finite else None
+            entry["last_step"] = max(entry["last_step"], last_step)
+        times = {r: e["step_time"] for r, e in ranks.items() if e["step_time"] is not None}
+        for rank, entry in ranks.items():
+            others = [t for r, t in times.items() if r != rank]
+            median = statistics.median(others) if others else None
+            entry["straggler"] = bool(
+                median and entry["step_time"] is not None and entry["step_time"] > STRAGGLER_FACTOR * median
+            )
+            entry["step_time"] = finite_or_none(entry["step_time"])
+            entry["throughput"] = finite_or_none(entry["throughput"])
+        return Response({"job": job.pk, "round": round_number, "ranks": [ranks[r] for r in sorted(ranks)]})
+
+
+class EventsQuery(serializers.Serializer):
+    after = serializers.IntegerField(required=False, min_value=0, default=0)
+
+
+class EventsView(APIView):
+    """A job's events oldest first; ``after`` is the last seq the caller has (paginated)."""
+
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        params = validated(EventsQuery, request)
+        events = Event.objects.filter(job=job, pk__gt=params["after"]).select_related("node").order_by("pk")
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(events, request, view=self) or []
+        return paginator.get_paginated_response([event_payload(e) for e in page])
+
+
+class LogsQuery(serializers.Serializer):
+    rank = serializers.IntegerField(required=False, min_value=0)
+    q = serializers.CharField(required=False, max_length=200, trim_whitespace=False)
+    after = serializers.IntegerField(required=False, min_value=0)
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LOG_LIMIT, default=DEFAULT_LOG_LIMIT
+    )
+    stream = serializers.ChoiceField(required=False, choices=["stdout", "stderr"])
+
+
+class LogsView(APIView):
+    """Without ``after``: the newest ``limit`` lines (a tail). With it: the ``limit`` lines after
+    that id (follow). ``q`` searches case-insensitively; ``rank`` and ``stream`` filter."""
+
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        params = validated(LogsQuery, request)
+        lines = LogLine.objects.filter(job=job)
+        if "rank" in params:
+            lines = lines.filter(rank=params["rank"])
+        if "stream" in params:
+            lines = lines.filter(stream=params["stream"])
+        if params.get("q"):
+            lines = lines.filter(text__icontains=params["q"])
+        limit = params["limit"]
+        if "after" in params:
+            rows = list(lines.filter(pk__gt=params["after"]).order_by("pk")[:limit])
+        else:
+            rows = list(lines.order_by("-pk")[:limit])[::-1]
+        return Response(
+            {
+                "job": job.pk,
+                "lines": [
+                    {
+                        "id": ln.pk,
+                        "round": ln.round_number,
+                        "rank": ln.rank,
+                        "stream": ln.stream,
+                        "seq": ln.seq,
+                        "text": ln.text,
+                        "time": ln.time.isoformat(),
+                    }
+                    for ln in rows
+                ],
+                "last_id": rows[-1].pk if rows else params.get("after"),
+            }
+        )
+
+
+class CheckpointsView(APIView):
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        checkpoints = Checkpoint.objects.filter(job=job).order_by("-step", "-pk")
+        return Response(
+            {
+                "job": job.pk,
+                "checkpoints": [
+                    {
+                        "id": c.pk,
+                        "round": c.round_number,
+                        "step": c.step,
+                        "path": c.path,
+                        "size_bytes": c.size_bytes,
+                        "blocking_ms": c.blocking_ms,
+                        "created_at": c.created_at.isoformat(),
+                    }
+                    for c in checkpoints
+                ],
+            }
+        )

@@ -1,0 +1,219 @@
+"""Websocket consumers: ``/ws/jobs/<id>/`` and ``/ws/cluster/``.
+
+Close codes: 4401 not signed in (or not allowed), 4404 no such job, 4400 malformed client
+message. A job viewer that sends ``{"type": "resume", "after": N}`` gets every event with
+seq > N from the database and then live ones: the consumer joins the group before it queries,
+so nothing falls between the two, and drops live events it already sent from the backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from console.core.roles import can_view
+from console.jobs.models import Job, job_summary
+from console.telemetry.downsample import finite_or_none
+from console.telemetry.events import CLUSTER_GROUP, event_payload, job_group
+from console.telemetry.models import Event, Metric
+
+log = logging.getLogger(__name__)
+
+CLOSE_MALFORMED = 4400
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NOT_FOUND = 4404
+# Client messages are tiny ({"type": "resume", "after": 123}); anything larger is abuse.
+MAX_CLIENT_MESSAGE = 1024
+# Backlog events are sent in pages so a long-lived job's history does not sit in memory at once.
+BACKLOG_PAGE = 500
+# Points per series in the frame sent on resume (display-sized, as live frames are).
+RESUME_FRAME_POINTS = 100
+
+
+class Malformed(ValueError):
+    pass
+
+
+def parse_client_message(text: str | None, bytes_data: bytes | None, allowed: set[str]) -> dict[str, Any]:
+    if bytes_data is not None or text is None:
+        raise Malformed("binary messages are not accepted")
+    if len(text) > MAX_CLIENT_MESSAGE:
+        raise Malformed("message too large")
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
+        raise Malformed("not JSON") from exc
+    if not isinstance(message, dict) or message.get("type") not in allowed:
+        raise Malformed("unknown message type")
+    if message["type"] == "resume":
+        after = message.get("after", 0)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise Malformed("after must be a non-negative integer")
+        message["after"] = after
+    return message
+
+
+class TelemetryConsumer(AsyncWebsocketConsumer):
+    """What both endpoints share: authentication, ping, and closing on malformed input."""
+
+    allowed_messages: set[str] = {"ping"}
+    groups_to_join: list[str]
+
+    async def connect(self) -> None:
+        await self.accept()
+        user = self.scope.get("user")
+        if not await database_sync_to_async(can_view)(user):
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        if not await self.authorize():
+            return
+        for group in self.groups_to_join:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.joined = True
+        await self.welcome()
+
+    async def authorize(self) -> bool:
+        return True
+
+    async def welcome(self) -> None:
+        return None
+
+    async def disconnect(self, code: int) -> None:
+        if getattr(self, "joined", False):
+            for group in self.groups_to_join:
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = parse_client_message(text_data, bytes_data, self.allowed_messages)
+        except Malformed as exc:
+            log.info("closing websocket %s: %s", self.scope.get("path"), exc)
+            await self.close(code=CLOSE_MALFORMED)
+            return
+        if message["type"] == "ping":
+            await self.send_json({"type": "pong"})
+        else:
+            await self.handle_message(message)
+
+    async def handle_message(self, message: dict[str, Any]) -> None:
+        return None
+
+    async def send_json(self, content: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(content, allow_nan=False))
+
+
+class JobConsumer(TelemetryConsumer):
+    allowed_messages = {"ping", "resume"}
+
+    async def authorize(self) -> bool:
+        self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        self.sent_seqs: set[int] = set()
+        # Seqs below this were either sent or are older than what the client asked for.
+        self.seq_floor = 0
+        job = await database_sync_to_async(Job.objects.filter(pk=self.job_id).first)()
+        if job is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return False
+        self.groups_to_join = [job_group(self.job_id)]
+        self.job = job
+        return True
+
+    async def welcome(self) -> None:
+        await self.send_json({"type": "state", "job": job_summary(self.job)})
+
+    async def handle_message(self, message: dict[str, Any]) -> None:
+        if message["type"] == "resume":
+            await self.resume(message["after"])
+
+    async def resume(self, after: int) -> None:
+        # Live events for this consumer queue up in its channel while this handler runs, and are
+        # then checked against sent_seqs: the backlog query and the live stream overlap, never gap.
+        cursor = after
+        while True:
+            page = await database_sync_to_async(self._events_after)(cursor)
+            for payload in page:
+                await self._send_event(payload)
+            if len(page) < BACKLOG_PAGE:
+                break
+            cursor = page[-1]["seq"]
+        self.seq_floor = max(self.seq_floor, after)
+        frame = await database_sync_to_async(self._recent_frame)()
+        if frame is not None:
+            await self.send_json(frame)
+
+    def _events_after(self, after: int) -> list[dict[str, Any]]:
+        events = Event.objects.filter(job_id=self.job_id, pk__gt=after).select_related("node")
+        return [event_payload(e) for e in events.order_by("pk")[:BACKLOG_PAGE]]
+
+    def _recent_frame(self) -> dict[str, Any] | None:
+        rows = (
+            Metric.objects.filter(job_id=self.job_id, rank=0)
+            .order_by("-id")
+            .values_list("name", "step", "value", "round_number")[: RESUME_FRAME_POINTS * 10]
+        )
+        series: dict[str, list[list[Any]]] = {}
+        round_number = 0
+        for name, step, value, rnd in reversed(rows):
+            points = series.setdefault(name, [])
+            points.append([step, finite_or_none(value)])
+            round_number = max(round_number, rnd)
+        if not series:
+            return None
+        trimmed = {name: pts[-RESUME_FRAME_POINTS:] for name, pts in series.items()}
+        return {"type": "metrics", "series": trimmed, "round": round_number, "recent": True}
+
+    async def _send_event(self, payload: dict[str, Any]) -> None:
+        seq = payload["seq"]
+        if seq in self.sent_seqs:
+            return
+        self.sent_seqs.add(seq)
+        await self.send_json({"type": "event", "seq": seq, "event": payload})
+
+    # --- channel-layer handlers (message type "job.x" → job_x) --------------------------------
+    async def job_event(self, message: dict[str, Any]) -> None:
+        payload = message["event"]
+        if payload["seq"] <= self.seq_floor and payload["seq"] not in self.sent_seqs:
+            # Older than what a resuming client already has.
+            return
+        await self._send_event(payload)
+
+    async def job_state(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "state", "job": message["job"]})
+
+    async def job_frame(self, message: dict[str, Any]) -> None:
+        if "series" in message:
+            await self.send_json(
+                {
+                    "type": "metrics",
+                    "series": message["series"],
+                    "round": message.get("round"),
+                    "frame": message.get("frame"),
+                }
+            )
+        if "lines" in message:
+            await self.send_json(
+                {
+                    "type": "log",
+                    "lines": message["lines"],
+                    "skipped": message.get("lines_skipped", 0),
+                    "frame": message.get("frame"),
+                }
+            )
+
+
+class ClusterConsumer(TelemetryConsumer):
+    groups_to_join = [CLUSTER_GROUP]
+
+    async def cluster_node(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "node", "node": message["node"]})
+
+    async def cluster_job(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "job", "job": message["job"]})
+
+    async def cluster_event(self, message: dict[str, Any]) -> None:
+        payload = message["event"]
+        await self.send_json({"type": "event", "seq": payload["seq"], "event": payload})
