@@ -1,0 +1,111 @@
+"""Trainyard training SDK: metrics, model statistics, checkpoints and graceful stop.
+
+One import, and the script still runs unchanged under plain ``torchrun`` or ``python``::
+
+    from workers import sdk
+
+    watcher = sdk.watch(model, every=50, optimizer=optimizer)  # grad/param norms, NaN/Inf events
+    resumed = sdk.load_latest()                                # (state, step) or None
+    start = resumed[1] if resumed else 0
+    if resumed:
+        model.load_state_dict(resumed[0]["model"])
+        optimizer.load_state_dict(resumed[0]["optimizer"])
+
+    for step in range(start + 1, steps + 1):
+        with sdk.step(step, samples=batch_size, tokens=batch_size * seq_len):  # time, throughput, memory
+            loss = model(batch).loss
+            loss.backward()
+            watcher.after_backward(step)                     # before clipping
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        sdk.log(step, loss=loss, lr=scheduler.get_last_lr()[0])  # any scalars (tensors are fine)
+        if step % 100 == 0 or sdk.should_stop(step):         # SIGTERM → checkpoint, then leave
+            sdk.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step)
+            if sdk.should_stop():
+                break
+
+Inside the console (the agent sets ``TRAINYARD_TELEMETRY``) every call appends a record to that
+file in the format of ``workers/protocol.py``; writes are buffered and flushed by a background
+thread every 0.2 s and at exit, so a call costs about a microsecond. Outside the console rank 0
+prints a compact line every ``TRAINYARD_PRINT_EVERY`` steps (default 10; 0 = silent).
+
+Checkpoints go to ``TRAINYARD_CHECKPOINT_DIR`` (or ``directory=``), atomically (temp file,
+fsync, rename), keeping the last ``keep`` (default 3, env ``TRAINYARD_CHECKPOINT_KEEP``). In DDP
+only rank 0 writes and the others wait on a barrier. ``save_async`` blocks only for a copy into
+host memory and writes in a background thread (``sdk.wait()`` joins it; the next save waits for
+the previous write). ``save_sharded``/``load_sharded`` use torch.distributed.checkpoint, one shard
+per rank. ``should_stop(step)`` becomes True on every rank once any rank got SIGTERM (checked
+every 10 steps with a one-element all-reduce; without ``step`` on every call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.sdk.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointError,
+    latest_step,
+    load_latest,
+    load_sharded,
+    save,
+    save_async,
+    save_sharded,
+    wait,
+)
+from workers.sdk.monitor import StepTimer, Watcher, peak_memory_bytes
+from workers.sdk.stop import install_stop_handler, request_stop, should_stop, stop_requested
+from workers.sdk.telemetry import telemetry
+
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointError",
+    "StepTimer",
+    "Watcher",
+    "event",
+    "flush",
+    "install_stop_handler",
+    "latest_step",
+    "load_latest",
+    "load_sharded",
+    "log",
+    "peak_memory_bytes",
+    "request_stop",
+    "save",
+    "save_async",
+    "save_sharded",
+    "should_stop",
+    "step",
+    "stop_requested",
+    "wait",
+    "watch",
+]
+
+
+def log(step: int, **scalars: Any) -> None:
+    """Records scalars (numbers or one-element tensors) for ``step``."""
+    telemetry().metric(step, scalars)
+
+
+def event(name: str, message: str, severity: str = "info", **data: Any) -> None:
+    telemetry().event(name, severity, message, data)
+
+
+def flush() -> None:
+    telemetry().flush()
+
+
+def watch(model: nn.Module, every: int = 50, optimizer: torch.optim.Optimizer | None = None) -> Watcher:
+    return Watcher(model, every=every, optimizer=optimizer)
+
+
+_timer = StepTimer()
+
+
+def step(step: int, samples: int = 0, tokens: int = 0) -> StepTimer:
+    """``with sdk.step(step, samples=n):`` times one step and reports throughput and memory."""
+    return _timer(step, samples, tokens)

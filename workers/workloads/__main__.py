@@ -1,0 +1,70 @@
+"""``python -m workers.workloads <name> [--set key=value ...] [--precision P] [--grad-accum-steps N]``
+
+Run under torchrun's environment contract (or alone as one process). Hyperparameters come from
+TRAINYARD_HYPERPARAMETERS (JSON) with ``--set`` on top; precision from TRAINYARD_PRECISION and
+gradient accumulation from TRAINYARD_GRAD_ACCUM_STEPS unless the flags say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from workers.workloads.catalog import PRECISIONS, WORKLOADS, parse_overrides
+
+if TYPE_CHECKING:
+    from workers.workloads.common import Runtime, Task
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m workers.workloads", description=__doc__)
+    parser.add_argument("name", nargs="?", choices=sorted(WORKLOADS), help="workload to run")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--precision", choices=PRECISIONS)
+    parser.add_argument("--grad-accum-steps", type=int)
+    parser.add_argument("--list", action="store_true", help="print the workloads and their hyperparameters")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list or not args.name:
+        for info in WORKLOADS.values():
+            print(f"{info.name}: {info.description}")
+            for key, spec in info.hyperparameters.items():
+                print(f"    {key} ({spec.type.__name__}, default {spec.default!r}): {spec.help}")
+        return 0 if args.list else 2
+
+    from workers.workloads.common import WorkloadError, load_hyperparameters, shutdown, start_runtime, train
+
+    try:
+        hp = load_hyperparameters(args.name, parse_overrides(args.name, args.overrides))
+        runtime = start_runtime(args.precision, args.grad_accum_steps)
+    except (WorkloadError, ValueError) as error:
+        print(f"{args.name}: {error}", file=sys.stderr)
+        return 2
+    try:
+        task = _task(args.name, hp, runtime)
+        train(task, hp, runtime)
+    finally:
+        shutdown()
+    return 0
+
+
+def _task(name: str, hp: dict[str, Any], runtime: Runtime) -> Task:
+    if name == "digits-mlp":
+        from workers.workloads.digits import DigitsTask
+
+        return DigitsTask(hp, runtime)
+    if name == "recsys-embedding":
+        from workers.workloads.recsys import RecsysTask
+
+        return RecsysTask(hp, runtime)
+    from workers.workloads.tiny_lm import TinyLMTask
+
+    return TinyLMTask(hp, runtime)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

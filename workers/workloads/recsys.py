@@ -1,0 +1,161 @@
+"""recsys-embedding: a DLRM-style click model on a generated click log with a planted signal.
+
+Each impression has a user, an item, an item category, a bag of recently seen items (history)
+and a few dense features. Every id carries a hidden weight; the click probability is a logistic
+function of those weights (plus a user-item interaction and the dense features), so a model that
+learns good embeddings reaches a high AUC while a constant predictor stays at 0.5. Ids follow a
+power law, as in real logs, so popular rows are seen often and the long tail rarely.
+
+The tables are ``nn.EmbeddingBag`` with sparse gradients (on CPU/gloo): only rows a batch touches
+get a gradient, SparseAdam updates only those rows, and DDP all-reduces the sparse gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workers.workloads.common import Runtime, Task, seeded
+
+# P(id < k) = (k / rows) ** (1 / ID_SKEW): with 3, a tenth of impressions hit the top 0.1 % ids.
+ID_SKEW = 3.0
+HIDDEN = 64
+
+
+class ClickLog:
+    """Deterministic generator of impressions (features and click labels)."""
+
+    def __init__(self, hp: dict[str, Any]) -> None:
+        self.rows = hp["rows"]
+        self.small_rows = hp["small_rows"]
+        self.bag_size = hp["bag_size"]
+        self.dense = hp["dense_features"]
+        truth = seeded(hp["seed"], 7919)
+        self.user_weight = torch.randn(self.rows, generator=truth)
+        self.item_weight = torch.randn(self.rows, generator=truth)
+        self.category_weight = torch.randn(self.small_rows, generator=truth)
+        self.item_category = torch.randint(0, self.small_rows, (self.rows,), generator=truth)
+        self.dense_weight = torch.randn(self.dense, generator=truth) * 0.5
+
+    def _ids(self, count: int, rows: int, generator: torch.Generator) -> torch.Tensor:
+        uniform = torch.rand(count, generator=generator)
+        return (uniform.pow(ID_SKEW) * rows).long().clamp_(max=rows - 1)
+
+    def sample(self, count: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        users = self._ids(count, self.rows, generator)
+        items = self._ids(count, self.rows, generator)
+        categories = self.item_category[items]
+        history = self._ids(count * self.bag_size, self.rows, generator).view(count, self.bag_size)
+        dense = torch.randn(count, self.dense, generator=generator)
+        logit = (
+            self.user_weight[users]
+            + self.item_weight[items]
+            + 0.5 * self.category_weight[categories]
+            + 0.7 * self.user_weight[users] * self.item_weight[items]
+            + 0.8 * self.item_weight[history].mean(dim=1)
+            + dense @ self.dense_weight
+            - 1.0
+        )
+        clicks = torch.bernoulli(torch.sigmoid(logit), generator=generator)
+        return dense, users, items, categories, history, clicks
+
+
+class DLRM(nn.Module):
+    pair_index: torch.Tensor
+
+    def __init__(self, hp: dict[str, Any], sparse: bool) -> None:
+        super().__init__()
+        dim = hp["dim"]
+        self.users = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
+        self.items = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
+        self.categories = nn.EmbeddingBag(hp["small_rows"], dim, mode="mean", sparse=sparse)
+        for table in (self.users, self.items, self.categories):
+            nn.init.normal_(table.weight, std=0.05)
+        self.bottom = nn.Sequential(
+            nn.Linear(hp["dense_features"], HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, dim)
+        )
+        vectors = 5
+        pairs = vectors * (vectors - 1) // 2
+        self.top = nn.Sequential(nn.Linear(dim + pairs, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1))
+        self.register_buffer("pair_index", torch.triu_indices(vectors, vectors, offset=1), persistent=False)
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        categories: torch.Tensor,
+        history: torch.Tensor,
+    ) -> torch.Tensor:
+        bottom = self.bottom(dense)
+        vectors = torch.stack(
+            [
+                bottom,
+                self.users(users[:, None]),
+                self.items(items[:, None]),
+                self.categories(categories[:, None]),
+                self.items(history),
+            ],
+            dim=1,
+        )
+        # Pairwise dot products between all feature vectors: DLRM's interaction layer.
+        products = torch.bmm(vectors, vectors.transpose(1, 2))
+        pairs = products[:, self.pair_index[0], self.pair_index[1]]
+        logits: torch.Tensor = self.top(torch.cat([bottom, pairs], dim=1)).squeeze(1)
+        return logits
+
+
+class RecsysTask(Task):
+    def __init__(self, hp: dict[str, Any], runtime: Runtime) -> None:
+        self.hp = hp
+        self.runtime = runtime
+        self.log = ClickLog(hp)
+        # NCCL cannot all-reduce sparse tensors; on GPUs the tables get dense gradients.
+        self.sparse = runtime.device.type == "cpu"
+        torch.manual_seed(hp["seed"])
+        self.model = DLRM(hp, self.sparse)
+        held_out = self.log.sample(hp["eval_samples"], seeded(hp["seed"], -1))
+        self.eval_batch = tuple(t.to(runtime.device) for t in held_out)
+
+    def _tables(self) -> list[torch.Tensor]:
+        model = self.model
+        assert isinstance(model, DLRM)
+        return [model.users.weight, model.items.weight, model.categories.weight]
+
+    def clip_parameters(self) -> list[torch.Tensor]:
+        tables = {id(p) for p in self._tables()}
+        return [p for p in self.model.parameters() if id(p) not in tables]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        tables = self._tables()
+        embedding: torch.optim.Optimizer
+        if self.sparse:
+            embedding = torch.optim.SparseAdam(tables, lr=self.hp["embedding_lr"])
+        else:
+            embedding = torch.optim.Adam(tables, lr=self.hp["embedding_lr"])
+        return [embedding, torch.optim.Adam(self.clip_parameters(), lr=self.hp["lr"])]
+
+    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
+        sample = self.log.sample(
+            self.hp["batch_size"], seeded(self.hp["seed"], step, micro, self.runtime.rank)
+        )
+        return tuple(t.to(self.runtime.device) for t in sample)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        *features, clicks = batch
+        logits = model(*features)
+        return F.binary_cross_entropy_with_logits(logits.float(), clicks)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        from sklearn.metrics import roc_auc_score
+
+        self.model.eval()
+        *features, clicks = self.eval_batch
+        with self.runtime.autocast():
+            logits = self.model(*features).float()
+        auc = roc_auc_score(clicks.cpu().numpy(), logits.cpu().numpy())
+        return {"auc": float(auc), "ctr": float(clicks.mean())}
