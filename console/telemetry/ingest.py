@@ -281,7 +281,7 @@ class Ingestor:
             return
         self.last_claim = now
         _, claimed, *_ = self.redis.xautoclaim(
-            self.stream, self.group, self.consumer, CLAIM_IDLE_MS, start_id="0", count=READ_COUNT, justid=True
+            self.stream, self.group, self.consumer, CLAIM_IDLE_MS, start_id="0", count=READ_COUNT
         )
         if claimed:
             log.info("took over %d entries abandoned by another ingest consumer", len(claimed))

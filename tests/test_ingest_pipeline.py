@@ -1,0 +1,141 @@
+"""Ingest in-process against the real Redis stream and PostgreSQL: what gets stored, acked, dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+
+from console.jobs.models import Checkpoint, Job
+from console.telemetry.ingest import Decoded, Ingestor, decode_batch
+from console.telemetry.models import Event, LogLine, Metric
+from console.telemetry.testing import batch, metric_records, xadd
+from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(settings.REDIS_URL)
+    c.delete(TELEMETRY_STREAM)
+    yield c
+    c.delete(TELEMETRY_STREAM)
+    c.close()
+
+
+@pytest.fixture
+def job() -> Job:
+    return Job.objects.create(name="ingest", workload="mlp", round_number=1)
+
+
+def drain(ingestor: Ingestor) -> None:
+    while ingestor.run_once(block_ms=10):
+        pass
+
+
+def pending(client: redis.Redis) -> int:
+    return int(client.xpending(TELEMETRY_STREAM, TELEMETRY_GROUP)["pending"])
+
+
+def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job) -> None:
+    # Given batches of every record kind from two ranks
+    for rank in (0, 1):
+        xadd(client, batch(job.pk, metric_records(range(0, 50), {"loss": 0.5, "lr": 0.1}), rank=rank))
+    xadd(
+        client,
+        batch(
+            job.pk,
+            [
+                {"kind": "log", "seq": 1, "t": 1.0, "stream": "stdout", "text": "hello"},
+                {"kind": "log", "seq": 1, "t": 1.0, "stream": "stderr", "text": "oops"},
+                {"kind": "checkpoint", "seq": 2, "t": 1.0, "step": 40, "path": "/c/40.pt", "size_bytes": 9},
+                {
+                    "kind": "event",
+                    "seq": 3,
+                    "t": 1.0,
+                    "event": "gradient_anomaly",
+                    "severity": "warning",
+                    "message": "grad exploded",
+                    "data": {"norm": float("inf")},
+                },
+                {"kind": "dropped", "seq": 4, "t": 1.0, "count": 120},
+            ],
+        ),
+    )
+    ingestor = Ingestor(client, "test")
+    ingestor.ensure_group()
+
+    # When ingest drains the stream
+    drain(ingestor)
+
+    # Then every point is stored once, the other records became rows, and nothing is pending
+    assert Metric.objects.filter(job=job).count() == 2 * 50 * 2
+    assert sorted(Metric.objects.filter(job=job, rank=1, name="lr").values_list("step", flat=True)) == list(
+        range(50)
+    )
+    assert sorted(LogLine.objects.filter(job=job).values_list("stream", "text")) == [
+        ("stderr", "oops"),
+        ("stdout", "hello"),
+    ]
+    assert list(Checkpoint.objects.filter(job=job).values_list("step", "path", "size_bytes")) == [
+        (40, "/c/40.pt", 9)
+    ]
+    anomaly = Event.objects.get(job=job, kind="gradient_anomaly")
+    assert (anomaly.severity, anomaly.message, anomaly.data) == (
+        "warning",
+        "grad exploded",
+        {"norm": None, "rank": 0},
+    )
+    dropped = Event.objects.get(job=job, kind="telemetry_dropped")
+    assert dropped.severity == "warning" and "120" in dropped.message
+    assert pending(client) == 0
+
+
+def test_replayed_entries_store_nothing_twice(client: redis.Redis, job: Job) -> None:
+    # Given entries that were stored but whose ack was lost (the ingest crashed after commit)
+    xadd(client, batch(job.pk, metric_records(range(100))))
+    xadd(client, batch(job.pk, [{"kind": "event", "seq": 7, "t": 1.0, "event": "note", "message": "m"}]))
+    first = Ingestor(client, "crashy")
+    first.ensure_group()
+    entries = first.read(block_ms=10)
+    decoded_count = len(entries)
+    decoded = Decoded()
+    for _, fields in entries:
+        decode_batch(fields[b"batch"], decoded)
+    first.store(decoded)
+    assert pending(client) == decoded_count
+
+    # When a new ingest with the same consumer name starts
+    second = Ingestor(client, "crashy")
+    drain(second)
+
+    # Then the pending entries were read again and acked, with no duplicate rows or events
+    assert pending(client) == 0
+    assert Metric.objects.filter(job=job).count() == 100
+    assert Event.objects.filter(job=job, kind="note").count() == 1
+
+
+def test_unknown_jobs_and_malformed_entries_are_acked_and_dropped(client: redis.Redis, job: Job) -> None:
+    xadd(client, batch(job.pk + 1000, metric_records(range(10))))
+    client.xadd(TELEMETRY_STREAM, {"batch": "{not json"})
+    client.xadd(TELEMETRY_STREAM, {"other": "field"})
+    xadd(
+        client,
+        batch(
+            job.pk,
+            [
+                {"kind": "metric", "seq": "x", "step": 1, "values": {"loss": 1}},
+                {"kind": "mystery", "seq": 1},
+                {"kind": "metric", "seq": 5, "t": 2.0, "step": 5, "values": {"loss": 0.25, "bad": "text"}},
+            ],
+        ),
+    )
+    ingestor = Ingestor(client, "test")
+    ingestor.ensure_group()
+    drain(ingestor)
+
+    assert pending(client) == 0
+    assert list(Metric.objects.values_list("job_id", "step", "name", "value")) == [(job.pk, 5, "loss", 0.25)]
