@@ -262,6 +262,9 @@ class Command(BaseCommand):
         )
         if "ingest" in get_commands():
             sup.start("ingest", [python, "manage.py", "ingest"])
+        # The token goes by environment (the agent reads TRAINYARD_NODE_TOKEN), not argv, where
+        # every local user could read it in `ps`.
+        sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN
         if not no_agent and (Path(settings.BASE_DIR) / "workers" / "agent" / "__main__.py").exists():
             sup.start(
                 "agent",
@@ -273,8 +276,6 @@ class Command(BaseCommand):
                     "local",
                     "--broker",
                     sup.env["REDIS_URL"],
-                    "--token",
-                    settings.NODE_TOKEN,
                     "--data-dir",
                     str(sup.home / "agent"),
                 ],
