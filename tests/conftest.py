@@ -21,3 +21,6 @@ def viewer(db: None) -> User:
 @pytest.fixture
 def staff(db: None) -> User:
     return User.objects.create_superuser("ada", password="pw-admin-1")
+
+
+from tests.support.cluster import cluster  # noqa: E402, F401  (fixture for end-to-end tests)
