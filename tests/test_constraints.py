@@ -15,7 +15,13 @@ pytestmark = pytest.mark.django_db
 
 
 def job(**overrides: Any) -> Job:
-    fields: dict[str, Any] = {"name": "j", "workload": "mlp", "min_nodes": 1, "max_nodes": 2, "desired_nodes": 1}
+    fields: dict[str, Any] = {
+        "name": "j",
+        "workload": "mlp",
+        "min_nodes": 1,
+        "max_nodes": 2,
+        "desired_nodes": 1,
+    }
     fields.update(overrides)
     return Job.objects.create(**fields)
 

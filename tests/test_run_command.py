@@ -86,7 +86,11 @@ class Supervisor:
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "TRAINYARD_ADMIN_PASSWORD")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "TRAINYARD_ADMIN_PASSWORD")
+    }
     env.update(TRAINYARD_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(free_port())],

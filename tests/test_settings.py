@@ -25,8 +25,16 @@ def start(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("DATABASE_URL", "mysql://x", "DATABASE_URL='mysql://x': only postgres:// and sqlite:/// URLs are supported"),
-        ("DATABASE_URL", "postgres://u@h:notaport/db", "DATABASE_URL='postgres://u@h:notaport/db' has a malformed port"),
+        (
+            "DATABASE_URL",
+            "mysql://x",
+            "DATABASE_URL='mysql://x': only postgres:// and sqlite:/// URLs are supported",
+        ),
+        (
+            "DATABASE_URL",
+            "postgres://u@h:notaport/db",
+            "DATABASE_URL='postgres://u@h:notaport/db' has a malformed port",
+        ),
         ("DATABASE_URL", "postgres://u@h:5432/", "names no database"),
         ("REDIS_URL", "http://x", "REDIS_URL='http://x': expected redis://host:port/db"),
         ("REDIS_URL", "redis://h:6379/zero", "the database must be a number"),
@@ -34,7 +42,9 @@ def start(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
         ("TRAINYARD_HEARTBEAT_MISSES", "0", "TRAINYARD_HEARTBEAT_MISSES=0 must be at least 1"),
     ],
 )
-def test_malformed_setting_fails_start_up_clearly(tmp_path: Path, name: str, value: str, message: str) -> None:
+def test_malformed_setting_fails_start_up_clearly(
+    tmp_path: Path, name: str, value: str, message: str
+) -> None:
     result = start(tmp_path, **{name: value})
     assert result.returncode != 0
     assert "django.core.exceptions.ImproperlyConfigured" in result.stderr
@@ -56,7 +66,9 @@ def test_unset_database_url_means_sqlite_under_trainyard_home(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(DJANGO_SETTINGS_MODULE="console.settings", TRAINYARD_HOME=str(tmp_path))
     code = START.replace("['ENGINE']", "['NAME']")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tmp_path / "console.sqlite3")
 
