@@ -1,3 +1,9 @@
-from django.urls import URLPattern
+from django.urls import path, re_path
 
-urlpatterns: list[URLPattern] = []
+from console.jobs.bundle_api import BundleArchive, BundleDetail, BundleListCreate
+
+urlpatterns = [
+    path("bundles/", BundleListCreate.as_view(), name="bundle-list"),
+    path("bundles/<int:pk>/", BundleDetail.as_view(), name="bundle-detail"),
+    re_path(r"^bundles/(?P<sha256>[0-9a-f]{64})/archive/$", BundleArchive.as_view(), name="bundle-archive"),
+]

@@ -1,0 +1,124 @@
+"""REST API for code bundles (/api/v1/bundles/).
+
+Upload (operators), list and detail (signed-in users), and the archive download, which agents
+fetch with the node token as their bearer token.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from django.conf import settings
+from django.http import FileResponse, Http404
+from rest_framework import authentication, permissions, serializers, status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.generics import ListAPIView, RetrieveAPIView
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.api.auth import TokenAuthentication
+from console.core.roles import is_operator
+from console.jobs.bundles import BundleError, bundle_path, store_bundle
+from console.jobs.models import Bundle
+
+# Multipart framing around the file; a request larger than the limit plus this is refused before
+# Django reads its body.
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+class BundleSerializer(serializers.ModelSerializer[Bundle]):
+    class Meta:
+        model = Bundle
+        fields = ["id", "sha256", "size_bytes", "filename", "created_at"]
+        read_only_fields = fields
+
+
+class IsOperatorForUpload(permissions.BasePermission):
+    message = "Only members of the 'operator' group may upload bundles."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or is_operator(request.user)
+
+
+class BundleListCreate(ListAPIView[Bundle]):
+    queryset = Bundle.objects.all()
+    serializer_class = BundleSerializer
+    permission_classes = [IsOperatorForUpload]
+    parser_classes = [MultiPartParser, FormParser]
+
+    def post(self, request: Request) -> Response:
+        limit: int = settings.BUNDLE_MAX_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit + MULTIPART_OVERHEAD:
+            return _refused(f"The bundle is larger than the limit of {limit / (1024 * 1024):.0f} MB.")
+        uploaded = request.FILES.get("file")
+        if uploaded is None:
+            return _refused("Send the archive as the multipart field 'file'.")
+        try:
+            bundle = store_bundle(uploaded, request.user)
+        except BundleError as error:
+            return _refused(str(error))
+        return Response(BundleSerializer(bundle).data, status=status.HTTP_201_CREATED)
+
+
+def _refused(message: str) -> Response:
+    return Response({"detail": message, "errors": {"file": [message]}}, status=status.HTTP_400_BAD_REQUEST)
+
+
+class BundleDetail(RetrieveAPIView[Bundle]):
+    queryset = Bundle.objects.all()
+    serializer_class = BundleSerializer
+
+
+class NodeAgent:
+    """The identity of a caller that presented the node token (an agent, not a person)."""
+
+    is_authenticated = True
+    is_active = True
+    is_superuser = False
+    pk = None
+    username = "node-agent"
+
+
+class NodeTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <NODE_TOKEN>``; any other bearer falls through to user tokens."""
+
+    def authenticate(self, request: Request) -> tuple[Any, None] | None:
+        header = authentication.get_authorization_header(request).split()
+        if len(header) != 2 or header[0].lower() != b"bearer":
+            return None
+        expected = str(settings.NODE_TOKEN).encode()
+        if expected and hmac.compare_digest(header[1], expected):
+            return NodeAgent(), None
+        return None
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes an anonymous request a 401 with a challenge rather than a bare 403.
+        return 'Bearer realm="api"'
+
+
+class BundleArchive(RetrieveAPIView[Bundle]):
+    authentication_classes = [NodeTokenAuthentication, TokenAuthentication, SessionAuthentication]
+    queryset = Bundle.objects.all()
+    lookup_field = "sha256"
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:  # type: ignore[override]
+        bundle = self.get_object()
+        path = bundle_path(bundle)
+        if not path.is_file():
+            raise Http404("The bundle's archive is missing from the console's storage.")
+        response = FileResponse(
+            open(path, "rb"),  # noqa: SIM115 - FileResponse closes it
+            as_attachment=True,
+            filename=bundle.filename or f"{bundle.sha256}.bundle",
+            content_type="application/octet-stream",
+        )
+        response["X-Bundle-Sha256"] = bundle.sha256
+        return response
