@@ -140,18 +140,19 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 def workload_catalog() -> dict[str, dict[str, Any]]:
-    """The built-in workloads, if the workloads package is installed beside the console."""
+    """The built-in workloads with their default hyperparameters, for the submit form."""
     try:
         from workers.workloads.catalog import WORKLOADS
     except ImportError:
         return {}
     catalog: dict[str, dict[str, Any]] = {}
     for name, info in WORKLOADS.items():
-        get = (
-            info.get if isinstance(info, dict) else lambda key, default=None, i=info: getattr(i, key, default)
-        )
-        defaults = get("hyperparameters", None) or get("defaults", None) or {}
-        catalog[str(name)] = {"description": str(get("description", "") or ""), "hyperparameters": defaults}
+        specs = getattr(info, "hyperparameters", {}) or {}
+        catalog[str(name)] = {
+            "description": str(getattr(info, "description", "")),
+            "hyperparameters": info.defaults(),
+            "help": {key: str(getattr(spec, "help", "")) for key, spec in specs.items()},
+        }
     return catalog
 
 

@@ -13,6 +13,15 @@ function syncWorkload() {
   const builtIn = Boolean(workload.value);
   document.querySelectorAll(".field.entry").forEach((el) => { el.hidden = builtIn && Object.keys(catalog).length > 0; });
   if (description) description.textContent = info ? info.description : "";
+  const help = document.getElementById("hp-help");
+  help.innerHTML = "";
+  for (const [key, text] of Object.entries((info && info.help) || {})) {
+    const dt = document.createElement("dt");
+    dt.textContent = key;
+    const dd = document.createElement("dd");
+    dd.textContent = text;
+    help.append(dt, dd);
+  }
   if (info && (hp.value.trim() === "" || hp.value.trim() === "{}" || hp.dataset.auto === "1")) {
     hp.value = JSON.stringify(info.hyperparameters || {}, null, 2);
     hp.dataset.auto = "1";

@@ -1,0 +1,152 @@
+"""The console's pages: what operators and viewers see, and the JSON the pages poll."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from console.cluster.models import Gpu, Node
+from console.jobs.models import Allocation, Job, Round
+from console.telemetry.models import Event, Metric
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def running_job(operator: User) -> Job:
+    node = Node.objects.create(
+        name="gpu-a", cpus=16, cpu_percent=42.0, memory_percent=13.0, last_heartbeat=timezone.now()
+    )
+    Gpu.objects.create(node=node, index=0, name="NVIDIA L4")
+    job = Job.objects.create(
+        name="digits-ddp",
+        workload="digits",
+        owner=operator,
+        min_nodes=1,
+        max_nodes=3,
+        desired_nodes=1,
+        state="RUNNING",
+        round_number=1,
+        progress={"step": 50, "total_steps": 200},
+    )
+    rnd = Round.objects.create(
+        job=job, number=1, reason="start", world_size=2, master_addr="10.1.2.3", master_port=29611
+    )
+    Allocation.objects.create(round=rnd, node=node, node_rank=0, nproc=2, state="RUNNING")
+    Event.objects.create(job=job, kind="round.started", message="Round 1 started on gpu-a")
+    now = timezone.now()
+    for step in range(0, 1000, 1):
+        Metric.objects.create(
+            job=job, round_number=1, rank=0, seq=step, step=step, name="loss", value=2.0 / (1 + step), time=now
+        )
+    return job
+
+
+def test_dashboard_summarises_the_cluster(client: Client, viewer: User, running_job: Job) -> None:
+    client.force_login(viewer)
+    page = client.get("/").content.decode()
+    assert "digits-ddp" in page
+    assert "gpu-a" in page
+    assert "NVIDIA L4" in page
+    assert "50/200" in page
+    summary = client.get("/").context["summary"]
+    assert dict(summary["nodes_by_state"])["ONLINE"] == 1
+    assert dict(summary["jobs_by_state"])["RUNNING"] == 1
+    assert summary["gpus_total"] == 1
+
+
+def test_job_table_paginates(client: Client, viewer: User) -> None:
+    for i in range(60):
+        Job.objects.create(name=f"job-{i:02d}", workload="digits")
+    client.force_login(viewer)
+    first = client.get("/jobs/")
+    assert len(first.context["page"].object_list) == 25
+    assert "Page 1 of 3" in first.content.decode()
+    last = client.get("/jobs/", {"page": 3})
+    assert len(last.context["page"].object_list) == 10
+    assert client.get("/jobs/", {"state": "RUNNING"}).context["page"].paginator.count == 0
+    assert client.get("/jobs/", {"q": "job-5"}).context["page"].paginator.count == 10
+
+
+def test_job_page_shows_rounds_events_and_a_chart_series(client: Client, viewer: User, running_job: Job) -> None:
+    client.force_login(viewer)
+    response = client.get(f"/jobs/{running_job.pk}/")
+    page = response.content.decode()
+    assert "10.1.2.3:29611" in page
+    assert "Round 1 started on gpu-a" in page
+    series = response.context["series"]["loss"]
+    # 1,000 points come down to a display-sized series that keeps the first and last step.
+    assert 300 <= len(series) <= 401
+    assert series[0][0] == 0 and series[-1][0] == 999
+
+
+def test_viewer_sees_no_action_buttons(client: Client, viewer: User, running_job: Job) -> None:
+    client.force_login(viewer)
+    page = client.get(f"/jobs/{running_job.pk}/").content.decode()
+    assert 'id="job-actions"' not in page
+    assert "Submit job" not in page
+
+
+def test_operator_sees_resize_within_the_node_range(client: Client, operator: User, running_job: Job) -> None:
+    client.force_login(operator)
+    page = client.get(f"/jobs/{running_job.pk}/").content.decode()
+    assert 'id="job-actions"' in page
+    assert 'min="1" max="3" value="1"' in page
+    assert 'id="stop-button"' in page and 'id="restart-button"' in page
+
+
+def test_finished_job_has_its_buttons_disabled(client: Client, operator: User, running_job: Job) -> None:
+    Job.objects.filter(pk=running_job.pk).update(state="SUCCEEDED")
+    client.force_login(operator)
+    page = client.get(f"/jobs/{running_job.pk}/").content.decode()
+    assert 'id="stop-button" disabled' in page
+
+
+def test_submit_page_offers_the_built_in_workloads(client: Client, operator: User) -> None:
+    from workers.workloads.catalog import WORKLOADS
+
+    client.force_login(operator)
+    response = client.get("/jobs/new/")
+    assert response.status_code == 200
+    catalog = response.context["catalog"]
+    assert set(catalog) == set(WORKLOADS)
+    name = next(iter(WORKLOADS))
+    assert catalog[name]["hyperparameters"] == WORKLOADS[name].defaults()
+    assert f'<option value="{name}">' in response.content.decode()
+
+
+def test_job_live_json_returns_new_events_only(client: Client, viewer: User, running_job: Job) -> None:
+    client.force_login(viewer)
+    first = Event.objects.get(job=running_job)
+    Event.objects.create(job=running_job, kind="job.resized", message="Now 2 nodes", severity="warning")
+    data = client.get(f"/jobs/{running_job.pk}/live/", {"after": first.pk}).json()
+    assert data["job"]["state"] == "RUNNING"
+    assert data["job"]["world_size"] == 2
+    assert [e["message"] for e in data["events"]] == ["Now 2 nodes"]
+    assert data["series"]["loss"][-1][0] == 999
+
+
+def test_cluster_live_json_lists_active_jobs_and_nodes(client: Client, viewer: User, running_job: Job) -> None:
+    Job.objects.create(name="old", workload="digits", state="STOPPED")
+    client.force_login(viewer)
+    data = client.get("/live/").json()
+    assert [j["name"] for j in data["jobs"]] == ["digits-ddp"]
+    assert data["nodes"][0]["name"] == "gpu-a"
+    assert data["nodes"][0]["gpus"][0]["name"] == "NVIDIA L4"
+
+
+def test_node_page_shows_heartbeat_age(client: Client, viewer: User) -> None:
+    Node.objects.create(name="cpu-x", last_heartbeat=timezone.now() - timedelta(minutes=5))
+    client.force_login(viewer)
+    page = client.get("/nodes/").content.decode()
+    assert "cpu-x" in page and ">5m<" in page
+
+
+def test_static_assets_are_served(client: Client) -> None:
+    for path in ("/static/css/console.css", "/static/js/job.js", "/static/js/dashboard.js", "/static/js/chart.js"):
+        response = client.get(path)
+        assert response.status_code == 200, path
