@@ -1,0 +1,83 @@
+"""/metrics: Prometheus text for signed-in users and API tokens, refused to anonymous callers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from console.api.models import ApiToken
+from console.cluster.models import Gpu, Node
+from console.jobs.models import Job
+from console.telemetry.ingest import STATS_KEY, Ingestor
+from console.telemetry.testing import batch, metric_records, xadd
+from workers.protocol import TELEMETRY_STREAM
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def stream() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(TELEMETRY_STREAM, STATS_KEY)
+    yield client
+    client.delete(TELEMETRY_STREAM, STATS_KEY)
+    client.close()
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([-0-9.e+]+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"{name}{{{labels}}} missing from:\n{text}"
+    return float(match.group(1))
+
+
+def test_metrics_exposition(stream: redis.Redis, viewer: User) -> None:
+    Job.objects.create(name="a", workload="mlp", state="RUNNING")
+    Job.objects.create(name="b", workload="mlp", state="RUNNING")
+    job = Job.objects.create(name="c", workload="mlp", round_number=1)
+    node = Node.objects.create(name="gpu-1", state="ONLINE")
+    Node.objects.create(name="gone", state="LOST")
+    Gpu.objects.create(node=node, index=0, name="A100", utilization=87.5)
+
+    # Ingest consumed 3 entries and left 2 pending (read, not acked).
+    for i in range(3):
+        xadd(stream, batch(job.pk, metric_records(range(i * 10, i * 10 + 10))))
+    ingestor = Ingestor(stream, "prom")
+    ingestor.ensure_group()
+    ingestor.run_once(block_ms=10)
+    ingestor.maybe_report_stats(force=True)
+    xadd(stream, batch(job.pk, metric_records(range(100, 110))))
+    xadd(stream, batch(job.pk, metric_records(range(110, 120))))
+    ingestor.backlog = False
+    assert len(ingestor.read(block_ms=10)) == 2
+
+    anonymous = Client().get("/metrics")
+    assert anonymous.status_code in (401, 403)
+
+    web = Client()
+    web.force_login(viewer)
+    response = web.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    assert sample(text, "trainyard_jobs", 'state="RUNNING"') == 2
+    assert sample(text, "trainyard_jobs", 'state="PENDING"') == 1
+    assert sample(text, "trainyard_nodes", 'state="LOST"') == 1
+    assert sample(text, "trainyard_gpu_utilization_ratio", 'node="gpu-1",gpu="0"') == 0.875
+    assert sample(text, "trainyard_ingest_pending_entries") == 2
+    assert sample(text, "trainyard_ingest_oldest_pending_seconds") < 60
+    assert sample(text, "trainyard_ingest_points_total") == 30
+    assert "# TYPE trainyard_ingest_points_total counter" in text
+
+    _, raw = ApiToken.issue(viewer, "prometheus")
+    by_token = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert by_token.status_code == 200
+    assert sample(by_token.content.decode(), "trainyard_nodes", 'state="ONLINE"') == 1
+    bad_token = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer ty_nope")
+    assert bad_token.status_code == 401
