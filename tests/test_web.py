@@ -41,7 +41,14 @@ def running_job(operator: User) -> Job:
     now = timezone.now()
     for step in range(0, 1000, 1):
         Metric.objects.create(
-            job=job, round_number=1, rank=0, seq=step, step=step, name="loss", value=2.0 / (1 + step), time=now
+            job=job,
+            round_number=1,
+            rank=0,
+            seq=step,
+            step=step,
+            name="loss",
+            value=2.0 / (1 + step),
+            time=now,
         )
     return job
 
@@ -72,7 +79,9 @@ def test_job_table_paginates(client: Client, viewer: User) -> None:
     assert client.get("/jobs/", {"q": "job-5"}).context["page"].paginator.count == 10
 
 
-def test_job_page_shows_rounds_events_and_a_chart_series(client: Client, viewer: User, running_job: Job) -> None:
+def test_job_page_shows_rounds_events_and_a_chart_series(
+    client: Client, viewer: User, running_job: Job
+) -> None:
     client.force_login(viewer)
     response = client.get(f"/jobs/{running_job.pk}/")
     page = response.content.decode()
@@ -130,7 +139,9 @@ def test_job_live_json_returns_new_events_only(client: Client, viewer: User, run
     assert data["series"]["loss"][-1][0] == 999
 
 
-def test_cluster_live_json_lists_active_jobs_and_nodes(client: Client, viewer: User, running_job: Job) -> None:
+def test_cluster_live_json_lists_active_jobs_and_nodes(
+    client: Client, viewer: User, running_job: Job
+) -> None:
     Job.objects.create(name="old", workload="digits", state="STOPPED")
     client.force_login(viewer)
     data = client.get("/live/").json()
@@ -147,6 +158,11 @@ def test_node_page_shows_heartbeat_age(client: Client, viewer: User) -> None:
 
 
 def test_static_assets_are_served(client: Client) -> None:
-    for path in ("/static/css/console.css", "/static/js/job.js", "/static/js/dashboard.js", "/static/js/chart.js"):
+    for path in (
+        "/static/css/console.css",
+        "/static/js/job.js",
+        "/static/js/dashboard.js",
+        "/static/js/chart.js",
+    ):
         response = client.get(path)
         assert response.status_code == 200, path
