@@ -351,3 +351,38 @@ def agent_procs(tmp_path: Path) -> Iterator[AgentProcs]:
         yield procs
     finally:
         procs.cleanup()
+
+
+def start_registered(
+    procs: AgentProcs, queue: ControlQueue, name: str, *, heartbeat: float = 0.5, timeout: float = 30.0
+) -> tuple[AgentProcess, ControlMessage]:
+    """Starts an agent and waits for its CONTROL_REGISTER (so its queue is purged and it is
+    about to consume: commands sent from now on reach it)."""
+    agent = procs.start(name, heartbeat=heartbeat)
+    try:
+        message = queue.wait_for(protocol.CONTROL_REGISTER, timeout=timeout, node=name)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nagent log:\n{agent.log()[-4000:]}") from exc
+    return agent, message
+
+
+def rank_pids(message: ControlMessage, job_id: int, round_: int) -> list[int]:
+    """The pids a heartbeat reports for one round."""
+    for status in message.kwargs["rounds"]:
+        if status["job_id"] == job_id and status["round"] == round_:
+            return [rank["pid"] for rank in status["ranks"]]
+    return []
+
+
+def start_all_registered(
+    procs: AgentProcs, queue: ControlQueue, names: list[str], *, heartbeat: float = 0.5, timeout: float = 45.0
+) -> list[AgentProcess]:
+    """Starts agents side by side (each boot imports torch: seconds) and waits for all to
+    register."""
+    agents = [procs.start(name, heartbeat=heartbeat) for name in names]
+    for agent in agents:
+        try:
+            queue.wait_for(protocol.CONTROL_REGISTER, timeout=timeout, node=agent.name)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nagent log:\n{agent.log()[-4000:]}") from exc
+    return agents

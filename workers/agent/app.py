@@ -46,6 +46,9 @@ def make_celery_app(config: AgentConfig) -> Celery:
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         worker_send_task_events=False,
+        # Nothing drives agents through Celery's remote control; skipping its broadcast
+        # queue keeps boot short and the broker tidy.
+        worker_enable_remote_control=False,
     )
     return app
 
