@@ -127,9 +127,7 @@ class RankGroup:
         return [r for r in lines if r["kind"] == kind]
 
     def series(self, name: str, rank: int = 0) -> list[tuple[int, float]]:
-        return [
-            (r["step"], r["values"][name]) for r in self.records("metric", rank) if name in r["values"]
-        ]
+        return [(r["step"], r["values"][name]) for r in self.records("metric", rank) if name in r["values"]]
 
 
 def workload(name: str, *overrides: str) -> list[str]:
@@ -146,7 +144,9 @@ def assert_learns(group: RankGroup, name: str = "loss", factor: float = 0.8) -> 
 
 
 def test_digits_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
-    with RankGroup(tmp_path, workload("digits-mlp", "steps=60", "log_every=10", "checkpoint_every=20")) as group:
+    with RankGroup(
+        tmp_path, workload("digits-mlp", "steps=60", "log_every=10", "checkpoint_every=20")
+    ) as group:
         assert group.start().wait() == [0, 0], group.text()
         losses = assert_learns(group, factor=0.5)
         assert [step for step, _ in losses] == [1, 10, 20, 30, 40, 50, 60]
@@ -183,25 +183,20 @@ def test_digits_with_gradient_accumulation_and_bf16(tmp_path: Path) -> None:
         assert first["samples_per_s"] * first["step_time_s"] == pytest.approx(128)
 
 
-def test_digits_refuses_fp16_on_cpu_and_unknown_hyperparameters(tmp_path: Path) -> None:
-    fp16 = subprocess.run(
-        [sys.executable, *workload("digits-mlp", "steps=2")],
-        cwd=REPO,
-        env={**os.environ, "TRAINYARD_PRECISION": "fp16"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert fp16.returncode == 2 and "fp16 needs a GPU" in fp16.stderr
-    unknown = subprocess.run(
-        [sys.executable, *workload("digits-mlp", "learning_rate=0.1")],
-        cwd=REPO,
-        env={**os.environ, "TRAINYARD_HYPERPARAMETERS": '{"steps": "many"}'},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert unknown.returncode == 2 and "unknown hyperparameter for digits-mlp: learning_rate" in unknown.stderr
+def test_digits_refuses_fp16_on_cpu_and_unknown_hyperparameters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workers.workloads.__main__ import main
+
+    monkeypatch.setenv("TRAINYARD_PRECISION", "fp16")
+    assert main(["digits-mlp", "--set", "steps=2"]) == 2
+    assert "fp16 needs a GPU" in capsys.readouterr().err
+    monkeypatch.setenv("TRAINYARD_PRECISION", "fp32")
+    assert main(["digits-mlp", "--set", "learning_rate=0.1"]) == 2
+    assert "unknown hyperparameter for digits-mlp: learning_rate" in capsys.readouterr().err
+    monkeypatch.setenv("TRAINYARD_HYPERPARAMETERS", '{"steps": "many"}')
+    assert main(["digits-mlp"]) == 2
+    assert "hyperparameter 'steps' must be int, got str 'many'" in capsys.readouterr().err
 
 
 def test_sigterm_makes_the_ranks_checkpoint_and_exit(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ from workers.sdk.checkpoint import (
 )
 from workers.sdk.monitor import StepTimer, Watcher, peak_memory_bytes
 from workers.sdk.stop import install_stop_handler, request_stop, should_stop, stop_requested
-from workers.sdk.telemetry import telemetry
+from workers.sdk.telemetry import telemetry as _sink
 
 __all__ = [
     "AsyncCheckpointer",
@@ -88,15 +88,15 @@ __all__ = [
 
 def log(step: int, **scalars: Any) -> None:
     """Records scalars (numbers or one-element tensors) for ``step``."""
-    telemetry().metric(step, scalars)
+    _sink().metric(step, scalars)
 
 
 def event(name: str, message: str, severity: str = "info", **data: Any) -> None:
-    telemetry().event(name, severity, message, data)
+    _sink().event(name, severity, message, data)
 
 
 def flush() -> None:
-    telemetry().flush()
+    _sink().flush()
 
 
 def watch(model: nn.Module, every: int = 50, optimizer: torch.optim.Optimizer | None = None) -> Watcher:

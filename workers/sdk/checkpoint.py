@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import re
 import shutil
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +137,10 @@ def load_latest(
     for step, path in reversed(_entries(checkpoint_dir(directory), "pt")):
         try:
             state = torch.load(path, map_location=map_location, weights_only=weights_only)
-        except (EOFError, RuntimeError) as error:
+        except (EOFError, RuntimeError, pickle.UnpicklingError) as error:
+            if isinstance(error, pickle.UnpicklingError) and zipfile.is_zipfile(path):
+                # An intact file holding objects weights_only refuses: the caller must decide.
+                raise
             # A damaged file (disk trouble; rename keeps partial writes out) must not block resume.
             telemetry().event(
                 "checkpoint_unreadable", "warning", f"{path.name}: {error}", {"step": step, "path": str(path)}
