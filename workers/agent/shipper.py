@@ -83,8 +83,9 @@ class RoundProgress:
 
 
 class TelemetryShipper(threading.Thread):
-    def __init__(self, redis_url: str, node: str) -> None:
+    def __init__(self, redis_url: str, node: str, max_buffered: int = MAX_BUFFERED_RECORDS) -> None:
         super().__init__(name="telemetry-shipper", daemon=True)
+        self._max_buffered = max_buffered
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
         self._node = node
         self._lock = threading.Lock()
@@ -183,7 +184,7 @@ class TelemetryShipper(threading.Thread):
                 self._buffer.extend((source.key, record) for record in records)
                 if finishing:
                     self._sources.pop(source.key, None)
-                if len(self._buffer) > MAX_BUFFERED_RECORDS:
+                if len(self._buffer) > self._max_buffered:
                     self._drop_oldest()
 
     def _telemetry_record(self, source: _Source, line: bytes, now: float) -> dict[str, Any] | None:
@@ -211,7 +212,7 @@ class TelemetryShipper(threading.Thread):
     def _drop_oldest(self) -> None:
         """Called with the lock held. Drops oldest metric records (then log lines) down to 90%
         of the bound, so the cost of rebuilding the deque is paid once per 20,000 records."""
-        excess = len(self._buffer) - (MAX_BUFFERED_RECORDS - MAX_BUFFERED_RECORDS // 10)
+        excess = len(self._buffer) - (self._max_buffered - self._max_buffered // 10)
         for droppable in ("metric", "log"):
             if excess <= 0:
                 break

@@ -1,0 +1,154 @@
+"""The agent's telemetry shipper rides out a Redis outage: it keeps reading into a bounded
+buffer, drops the oldest metric points (never events or checkpoints) with a "dropped" record,
+and sends everything it kept, in order, once Redis is reachable again. The outage is real: the
+shipper talks to the real Redis through a TCP relay the test closes and reopens."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support.agents import redis_url
+from workers.agent.shipper import RETRY_SECONDS, TelemetryShipper
+from workers.protocol import TELEMETRY_STREAM
+
+
+class Relay:
+    """Forwards a local TCP port to Redis; ``close`` makes Redis unreachable on that port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        if self._listener is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone would leave the
+            # socket listening until that call returned.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+
+@pytest.fixture
+def relay() -> Iterator[Relay]:
+    conn = redis.Redis.from_url(redis_url()).connection_pool.connection_kwargs
+    relay = Relay((conn.get("host", "127.0.0.1"), int(conn.get("port", 6379))))
+    relay.open()
+    yield relay
+    relay.close()
+
+
+def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("a") as fh:
+        for record in records:
+            fh.write(json.dumps(record) + "\n")
+
+
+def test_shipper_buffers_through_an_outage_and_drops_only_old_metrics(relay: Relay, tmp_path: Path) -> None:
+    real = redis.Redis.from_url(redis_url())
+    real.delete(TELEMETRY_STREAM)
+    db = redis.Redis.from_url(redis_url()).connection_pool.connection_kwargs.get("db", 0)
+    shipper = TelemetryShipper(f"redis://127.0.0.1:{relay.port}/{db}", "host-t", max_buffered=100)
+    telemetry, stdout, stderr = tmp_path / "telemetry.jsonl", tmp_path / "stdout.log", tmp_path / "stderr.log"
+    for path in (telemetry, stdout, stderr):
+        path.touch()
+    shipper.add(81, 1, 0, telemetry, stdout, stderr)
+
+    # Given Redis is unreachable
+    relay.close()
+
+    # When a rank logs 150 metric points, 3 events and 2 checkpoints
+    records: list[dict[str, Any]] = []
+    for step in range(1, 151):
+        records.append(
+            {"kind": "metric", "seq": step, "t": time.time(), "step": step, "values": {"loss": 1.0}}
+        )
+        if step in (10, 75, 140):
+            records.append({"kind": "event", "seq": step // 10, "event": "spike", "severity": "warning"})
+        if step in (50, 100):
+            records.append(
+                {"kind": "checkpoint", "seq": step // 50, "step": step, "path": "/c", "size_bytes": 1}
+            )
+    write_lines(telemetry, records)
+    shipper.tick()
+
+    # Then it holds at most its bound, having dropped the oldest metrics only
+    assert not shipper.connected
+    assert shipper.buffered <= 100
+    assert shipper.progress(81, 1).last_step == 150
+
+    # When more points arrive while Redis is still down, and then Redis comes back
+    write_lines(telemetry, [{"kind": "metric", "seq": s, "step": s, "values": {}} for s in range(151, 161)])
+    shipper.tick()
+    relay.open()
+    time.sleep(RETRY_SECONDS + 0.1)
+    shipper.tick()
+
+    # Then everything kept arrives in order, with one "dropped" record counting the rest
+    assert shipper.connected
+    assert shipper.buffered == 0
+    sent: list[dict[str, Any]] = []
+    for _id, fields in real.xrange(TELEMETRY_STREAM):  # type: ignore[union-attr]
+        batch = json.loads(fields[b"batch"])
+        assert (batch["job_id"], batch["round"], batch["rank"], batch["node"]) == (81, 1, 0, "host-t")
+        sent.extend(batch["records"])
+    dropped = [r for r in sent if r["kind"] == "dropped"]
+    metrics = [r["step"] for r in sent if r["kind"] == "metric"]
+    assert len(dropped) == 1
+    assert dropped[0]["count"] + len(metrics) == 160
+    assert metrics == list(range(161 - len(metrics), 161))  # the newest points survived, in order
+    assert [r["seq"] for r in sent if r["kind"] == "event"] == [1, 7, 14]
+    assert [r["step"] for r in sent if r["kind"] == "checkpoint"] == [50, 100]
+    assert sent[0]["kind"] == "dropped" or sent.index(dropped[0]) < sent.index(
+        next(r for r in sent if r["kind"] == "metric")
+    )
+    shipper.stop(flush_timeout=1)
+    real.delete(TELEMETRY_STREAM)
