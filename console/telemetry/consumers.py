@@ -185,24 +185,11 @@ class JobConsumer(TelemetryConsumer):
         await self.send_json({"type": "state", "job": message["job"]})
 
     async def job_frame(self, message: dict[str, Any]) -> None:
-        if "series" in message:
-            await self.send_json(
-                {
-                    "type": "metrics",
-                    "series": message["series"],
-                    "round": message.get("round"),
-                    "frame": message.get("frame"),
-                }
-            )
-        if "lines" in message:
-            await self.send_json(
-                {
-                    "type": "log",
-                    "lines": message["lines"],
-                    "skipped": message.get("lines_skipped", 0),
-                    "frame": message.get("frame"),
-                }
-            )
+        # Already client JSON (ingest serialises a frame once for all viewers).
+        if "metrics" in message:
+            await self.send(text_data=message["metrics"])
+        if "log" in message:
+            await self.send(text_data=message["log"])
 
 
 class ClusterConsumer(TelemetryConsumer):

@@ -46,6 +46,10 @@ READ_COUNT = 100
 BLOCK_MS = 50
 FRAME_INTERVAL = 0.1
 FRAME_POINTS = 100
+# Points per frame over all series. 200 viewers of 1,000-point frames fell seconds behind here
+# (DESIGN.md); many series share this budget, each keeping at least FRAME_MIN_POINTS.
+FRAME_BUDGET = 300
+FRAME_MIN_POINTS = 10
 FRAME_LOG_LINES = 200
 # Entries another consumer left pending this long are taken over (that consumer died).
 CLAIM_IDLE_MS = 60_000
@@ -453,15 +457,24 @@ class Ingestor:
         for job_id, frame in frames.items():
             number = self.frame_numbers.get(job_id, 0) + 1
             self.frame_numbers[job_id] = number
-            message: dict[str, Any] = {"type": "job.frame", "frame": number, "round": frame.round_number}
+            # The client JSON is built here once, not by each of a job's viewers' consumers.
+            message: dict[str, Any] = {"type": "job.frame", "frame": number}
             if frame.series:
-                message["series"] = {
-                    name: [[s, finite_or_none(v)] for s, v in thin_points(pts, FRAME_POINTS)]
+                limit = max(FRAME_MIN_POINTS, min(FRAME_POINTS, FRAME_BUDGET // len(frame.series)))
+                series = {
+                    name: [[s, finite_or_none(v)] for s, v in thin_points(pts, limit)]
                     for name, pts in frame.series.items()
                 }
+                message["metrics"] = json.dumps(
+                    {"type": "metrics", "series": series, "round": frame.round_number, "frame": number},
+                    separators=(",", ":"),
+                    allow_nan=False,
+                )
             if frame.logs:
-                message["lines"] = frame.logs
-                message["lines_skipped"] = frame.logs_skipped
+                message["log"] = json.dumps(
+                    {"type": "log", "lines": frame.logs, "skipped": frame.logs_skipped, "frame": number},
+                    separators=(",", ":"),
+                )
             if self.broadcaster is not None:
                 self.broadcaster.send(job_group(job_id), message)
 
