@@ -22,6 +22,7 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
+from console.core.models import AuditEntry
 from console.jobs.models import Allocation, Job, Round
 from console.telemetry.models import Event, Metric
 
@@ -201,7 +202,16 @@ def test_operator_walks_through_the_console(console_url: str) -> None:
             expect(page.locator("#live-status")).not_to_have_text("connecting…", timeout=15000)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
+            # When the operator drains a node from the nodes page
+            page.click("nav >> text=Nodes")
+            row = page.locator('#node-table tr:has-text("gpu-b")')
+            row.locator('[data-node-action="drain"]').click()
+            expect(row.locator('[data-field="state"]')).to_have_text("DRAINING")
+            expect(row.locator('[data-node-action="undrain"]')).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "nodes.png"), full_page=True)
+
             # When the operator opens the job
+            page.click("nav >> text=Dashboard")
             page.click("text=tiny-lm-elastic")
             expect(page.locator("#job-state")).to_have_text("RUNNING")
             expect(page.locator("#events")).to_contain_text("Loss jumped")
@@ -243,3 +253,5 @@ def test_operator_walks_through_the_console(console_url: str) -> None:
     job.refresh_from_db()
     assert job.state == "STOPPED"
     assert Job.objects.filter(name="digits-from-browser", owner=operator).count() == 1
+    assert Node.objects.get(name="gpu-b").state == "DRAINING"
+    assert AuditEntry.objects.filter(action="node.drain", actor=operator).count() == 1

@@ -166,3 +166,19 @@ def test_static_assets_are_served(client: Client) -> None:
     ):
         response = client.get(path)
         assert response.status_code == 200, path
+
+
+def test_only_operators_get_drain_buttons_on_the_nodes_page(
+    client: Client, viewer: User, operator: User, running_job: Job
+) -> None:
+    client.force_login(viewer)
+    assert "data-node-action" not in client.get("/nodes/").content.decode()
+    client.force_login(operator)
+    page = client.get("/nodes/").content.decode()
+    assert 'data-node-action="drain"' in page and 'data-node-action="undrain"' in page
+
+
+def test_job_table_shows_the_current_world_size(client: Client, viewer: User, running_job: Job) -> None:
+    client.force_login(viewer)
+    row = next(j for j in client.get("/").context["page"].object_list if j.pk == running_job.pk)
+    assert row.world_size == 2

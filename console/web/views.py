@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
@@ -28,7 +28,10 @@ ROUNDS_SHOWN = 20
 
 
 def _job_rows(request: HttpRequest, jobs: QuerySet[Job]) -> Page:
-    paginator = Paginator(jobs.select_related("owner"), JOBS_PER_PAGE)
+    current_world = Round.objects.filter(job=OuterRef("pk"), number=OuterRef("round_number")).values("world_size")
+    paginator = Paginator(
+        jobs.select_related("owner").annotate(world_size=Subquery(current_world[:1])), JOBS_PER_PAGE
+    )
     return paginator.get_page(request.GET.get("page"))
 
 
@@ -90,7 +93,14 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def node_list(request: HttpRequest) -> HttpResponse:
     return render(
-        request, "web/nodes.html", {"nodes": _nodes(), "summary": cluster_summary(), "nav": "nodes"}
+        request,
+        "web/nodes.html",
+        {
+            "nodes": _nodes(),
+            "summary": cluster_summary(),
+            "node_actions": is_operator(request.user),
+            "nav": "nodes",
+        },
     )
 
 

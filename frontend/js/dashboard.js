@@ -1,5 +1,5 @@
 // Dashboard, job list and node list: live rows from /ws/cluster/, polling /live/ otherwise.
-import { getJSON } from "./api.js";
+import { apiRequest, getJSON } from "./api.js";
 import { subscribe } from "./live.js";
 import { age, progressFraction, progressLabel, setBadge } from "./format.js";
 
@@ -38,10 +38,18 @@ function setMeter(cell, percent, suffix) {
   label.textContent = `${p}%${suffix ? rest : ""}`;
 }
 
+function showNodeButtons(row, state) {
+  const drain = row.querySelector('[data-node-action="drain"]');
+  const undrain = row.querySelector('[data-node-action="undrain"]');
+  if (drain) drain.hidden = state !== "ONLINE";
+  if (undrain) undrain.hidden = !(state === "DRAINING" || state === "DRAINED");
+}
+
 function updateNodeRow(node) {
   const row = document.querySelector(`#node-table tr[data-node-id="${node.id}"]`);
   if (!row) return;
   setBadge(row.querySelector('[data-field="state"]'), node.state);
+  showNodeButtons(row, node.state);
   setMeter(row.querySelector('[data-field="cpu"]'), node.cpu_percent, false);
   setMeter(row.querySelector('[data-field="mem"]'), node.memory_percent, true);
   const hb = row.querySelector('[data-field="heartbeat"]');
@@ -75,4 +83,27 @@ subscribe({
   poll,
   intervalMs: 5000,
   status: document.getElementById("live-status"),
+});
+
+// Drain / undrain for operators (nodes page); the API records them in the audit log.
+document.querySelectorAll("[data-node-action]").forEach((button) => {
+  button.addEventListener("click", async () => {
+    const row = button.closest("tr");
+    const verb = button.dataset.nodeAction;
+    const message = document.getElementById("action-message");
+    button.disabled = true;
+    const result = await apiRequest("POST", `/api/v1/nodes/${row.dataset.nodeId}/${verb}/`, {});
+    button.disabled = false;
+    if (result.ok) {
+      const state = result.body && result.body.state;
+      if (state) {
+        setBadge(row.querySelector('[data-field="state"]'), state);
+        showNodeButtons(row, state);
+      }
+      if (message) { message.textContent = ""; message.className = "action-message"; }
+    } else if (message) {
+      message.textContent = result.message;
+      message.className = "action-message bad";
+    }
+  });
 });

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -87,3 +88,8 @@ def operator_role(user: Any) -> bool:
     from console.core.roles import is_operator
 
     return is_operator(user)
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
