@@ -28,7 +28,9 @@ ROUNDS_SHOWN = 20
 
 
 def _job_rows(request: HttpRequest, jobs: QuerySet[Job]) -> Page:
-    current_world = Round.objects.filter(job=OuterRef("pk"), number=OuterRef("round_number")).values("world_size")
+    current_world = Round.objects.filter(job=OuterRef("pk"), number=OuterRef("round_number")).values(
+        "world_size"
+    )
     paginator = Paginator(
         jobs.select_related("owner").annotate(world_size=Subquery(current_world[:1])), JOBS_PER_PAGE
     )
