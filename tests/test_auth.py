@@ -22,12 +22,24 @@ PUBLIC_PREFIXES = ("accounts/",)
 OWN_LOGIN_PREFIXES = ("admin/",)
 
 
+_CANDIDATES = ("1", "json", "x", "a" * 64, "0" * 32)
+
+
+def _fill(name: str, group: str) -> str:
+    """A value the group's own pattern accepts, so the request reaches the view."""
+    for candidate in (*_CANDIDATES, group.split("|")[0]):
+        if re.fullmatch(group, candidate):
+            return candidate
+    raise AssertionError(f"no sample value for URL group {name!r} ({group})")
+
+
 def _sample(regex: str) -> str:
-    """A concrete path for a URL regex: named groups become 1 (or "json" for a format)."""
+    """A concrete path for a URL regex: every named group filled with a value it accepts."""
     out, i = [], 0
     while i < len(regex):
         if regex.startswith("(?P<", i):
-            name = regex[i + 4 : regex.index(">", i)]
+            close = regex.index(">", i)
+            name = regex[i + 4 : close]
             depth, j = 0, i
             while True:
                 if regex[j] == "\\":
@@ -37,7 +49,7 @@ def _sample(regex: str) -> str:
                 j += 1
                 if depth == 0:
                     break
-            out.append("json" if name == "format" else "1")
+            out.append(_fill(name, regex[close + 1 : j - 1]))
             i = j
         elif regex[i] == "\\":
             out.append(regex[i + 1])
@@ -45,8 +57,7 @@ def _sample(regex: str) -> str:
         else:
             out.append(regex[i])
             i += 1
-    path = "".join(out).lstrip("^").rstrip("$").replace("/?", "/")
-    return path
+    return "".join(out).lstrip("^").rstrip("$").replace("/?", "/")
 
 
 def _route_sample(route: str) -> str:
@@ -75,6 +86,7 @@ def test_the_url_walk_finds_pages_and_api_endpoints() -> None:
     assert "/jobs/1/" in urls
     assert "/api/schema/" in urls
     assert any(u.startswith("/api/v1/jobs/") for u in urls)
+    assert "/api/v1/bundles/" + "a" * 64 + "/archive/" in urls
 
 
 @pytest.mark.parametrize("method", ["get", "post"])
