@@ -1,0 +1,484 @@
+"""Elastic recovery: Trainyard's controller against torchrun's c10d rendezvous, same script.
+
+    .venv/bin/python bench/elastic/run.py [--reps 5]
+
+Three cases, each repeated, medians reported (seconds):
+- rank kill → next step: SIGKILL one of two ranks of a 1-node x 2-process job.
+- scale-up 2 → 3 → first step at world 3, timed from the API call (Trainyard) or from the
+  third agent's start (torchrun --nnodes 2:3).
+- node kill → first step at the smaller world: SIGKILL one of three hosts (agent and ranks)
+  of a 3 x 1 job; Trainyard's agents heartbeat every 2 s.
+
+The script is tests/scripts/ddp_train.py (plain torch, gloo, checkpoints every 5 steps), timed
+from its own per-step log. A torchrun case that never reaches the step is reported as null
+with the time waited. Needs PostgreSQL and Redis on 127.0.0.1 (a bench database is created and
+dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+BENCH_DB = "trainyard_bench_elastic"
+BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+HEARTBEAT = 2.0
+STEP_SLEEP = 0.05
+TORCHRUN_WAIT = 25.0  # how long a torchrun case may take before it counts as "never"
+DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
+
+os.environ.update(
+    {
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}",
+        "REDIS_URL": BENCH_REDIS,
+        "TRAINYARD_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+        "TRAINYARD_HOME": str(REPO / ".trainyard" / "bench"),
+        "OMP_NUM_THREADS": "1",
+        # The API is called in-process through DRF's test client, which names this host.
+        "ALLOWED_HOSTS": "localhost,127.0.0.1,testserver",
+    }
+)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+
+def read_progress(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
+
+
+def first_step_after(path: Path, t0: float, world: int | None = None, timeout: float = 60.0) -> float | None:
+    """Seconds from ``t0`` to the first step logged by a process started after ``t0``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        started = False
+        for record in read_progress(path):
+            if (
+                record.get("event") == "start"
+                and record["t"] > t0
+                and (world is None or record["world"] == world)
+            ):
+                started = True
+            elif started and "step" in record and record["t"] > t0:
+                return float(record["t"] - t0)
+        time.sleep(0.05)
+    return None
+
+
+def wait_steps(path: Path, world: int, count: int, timeout: float = 90.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for r in read_progress(path) if "step" in r and r["world"] == world) >= count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
+    return [
+        "--steps",
+        str(steps),
+        "--step-sleep",
+        str(STEP_SLEEP),
+        "--checkpoint-every",
+        "5",
+        "--progress",
+        str(progress),
+    ]
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process(pid)
+        for child in parent.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(sig)
+        parent.send_signal(sig)
+
+
+def script_pids(root_pid: int) -> list[int]:
+    import psutil
+
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    pids = []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if any(DDP_SCRIPT.name in part for part in child.cmdline()) and "torchrun" not in " ".join(
+                child.cmdline()[:2]
+            ):
+                pids.append(child.pid)
+    return pids
+
+
+# --- torchrun ---------------------------------------------------------------------------------
+
+
+def torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "torchrun"), *args],
+        cwd=REPO,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def torchrun_rank_kill(work: Path) -> float | None:
+    progress = work / "progress.jsonl"
+    proc = torchrun(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "3",
+            str(DDP_SCRIPT),
+            *ddp_args(progress),
+            "--checkpoint-dir",
+            str(work / "ckpt"),
+        ],
+        work / "torchrun.log",
+    )
+    try:
+        if not wait_steps(progress, 2, 10):
+            return None
+        victim = script_pids(proc.pid)[-1]
+        t0 = time.time()
+        os.kill(victim, signal.SIGKILL)
+        return first_step_after(progress, t0, timeout=TORCHRUN_WAIT)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+def torchrun_c10d(work: Path, node: int, port: int, progress: Path) -> subprocess.Popen[bytes]:
+    return torchrun(
+        [
+            "--nnodes",
+            "2:3",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            work.name,
+            "--max-restarts",
+            "3",
+            str(DDP_SCRIPT),
+            *ddp_args(progress),
+            "--checkpoint-dir",
+            str(work / "ckpt"),
+        ],
+        work / f"torchrun-{node}.log",
+    )
+
+
+def torchrun_scale_up(work: Path) -> float | None:
+    progress, port = work / "progress.jsonl", free_port()
+    procs = [torchrun_c10d(work, n, port, progress) for n in range(2)]
+    try:
+        if not wait_steps(progress, 2, 10):
+            return None
+        t0 = time.time()
+        procs.append(torchrun_c10d(work, 2, port, progress))
+        return first_step_after(progress, t0, world=3, timeout=TORCHRUN_WAIT)
+    finally:
+        for proc in procs:
+            kill_tree(proc.pid)
+            proc.wait()
+
+
+def torchrun_node_kill(work: Path) -> float | None:
+    progress, port = work / "progress.jsonl", free_port()
+    procs = [torchrun_c10d(work, n, port, progress) for n in range(3)]
+    try:
+        if not wait_steps(progress, 3, 10, timeout=120):
+            return None
+        t0 = time.time()
+        kill_tree(procs[2].pid)  # the host dies: its agent and its rank
+        return first_step_after(progress, t0, world=2, timeout=TORCHRUN_WAIT)
+    finally:
+        for proc in procs:
+            kill_tree(proc.pid)
+            proc.wait()
+
+
+# --- Trainyard --------------------------------------------------------------------------------
+
+
+class Trainyard:
+    """A controller and three agents against a bench database; jobs go through the REST API."""
+
+    def __init__(self, root: Path) -> None:
+        import django
+
+        django.setup()
+        from django.conf import settings
+        from django.contrib.auth.models import User
+        from rest_framework.test import APIClient
+
+        from tests.support.agents import AgentProcs
+        from tests.support.controller import Controller
+
+        self.root = root
+        self.controller = Controller(BENCH_REDIS, root / "controller", TRAINYARD_CONTROLLER_TICK="0.5")
+        self.agents = AgentProcs(root, BENCH_REDIS, token=settings.NODE_TOKEN)
+        self.api = APIClient()
+        self.api.force_authenticate(User.objects.get_or_create(username="bench", is_superuser=True)[0])
+        self.controller.start()
+        for name in ("bench-a", "bench-b", "bench-c"):
+            self.agents.start(name, heartbeat=HEARTBEAT)
+        self.wait_online(3)
+
+    def wait_online(self, count: int) -> None:
+        from console.cluster.models import Node
+
+        deadline = time.monotonic() + 90
+        while Node.objects.filter(state="ONLINE").count() < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError("agents did not register")
+            time.sleep(0.2)
+
+    def submit(self, progress: Path, nnodes: str, nproc: int, desired: int | None = None) -> int:
+        body = {
+            "name": "bench",
+            "entrypoint": str(DDP_SCRIPT),
+            "workdir": str(REPO),
+            "args": ddp_args(progress),
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "max_restarts": 100,
+            "grace_period": 10,
+        }
+        job_id: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
+        if desired is not None:
+            self.api.post(f"/api/v1/jobs/{job_id}/resize/", {"nodes": desired}, format="json")
+        return job_id
+
+    def stop(self, job_id: int) -> None:
+        self.api.post(f"/api/v1/jobs/{job_id}/stop/")
+        # Wait until no rank of the job is left, so cases don't overlap.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+            script_pids(a.pid) for a in self.agents.agents if a.popen.poll() is None
+        ):
+            time.sleep(0.2)
+
+    def rank_kill(self, work: Path) -> float | None:
+        progress = work / "progress.jsonl"
+        job = self.submit(progress, "1", 2)
+        try:
+            if not wait_steps(progress, 2, 10):
+                return None
+            node = self.node_of(job, rank=0)
+            victim = script_pids(node.pid)[-1]
+            t0 = time.time()
+            os.kill(victim, signal.SIGKILL)
+            return first_step_after(progress, t0, timeout=60)
+        finally:
+            self.stop(job)
+
+    def scale_up(self, work: Path) -> float | None:
+        progress = work / "progress.jsonl"
+        job = self.submit(progress, "1:3", 1, desired=2)
+        try:
+            if not wait_steps(progress, 2, 10):
+                return None
+            t0 = time.time()
+            response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
+            assert response.status_code == 200, response.content
+            return first_step_after(progress, t0, world=3, timeout=60)
+        finally:
+            self.stop(job)
+
+    def node_kill(self, work: Path) -> float | None:
+        progress = work / "progress.jsonl"
+        job = self.submit(progress, "2:3", 1)
+        try:
+            if not wait_steps(progress, 3, 10):
+                return None
+            agent = self.node_of(job, rank=2)
+            ranks = script_pids(agent.pid)
+            t0 = time.time()
+            agent.kill()
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return first_step_after(progress, t0, world=2, timeout=60)
+        finally:
+            self.stop(job)
+            self.revive()
+
+    def node_of(self, job_id: int, rank: int) -> Any:
+        from console.jobs.models import Job
+
+        job = Job.objects.get(pk=job_id)
+        rnd = job.current_round()
+        assert rnd is not None
+        name = rnd.allocations.get(node_rank=rank).node.name
+        return next(a for a in self.agents.agents if a.name == name and a.popen.poll() is None)
+
+    def revive(self) -> None:
+        live = {a.name for a in self.agents.agents if a.popen.poll() is None}
+        for name in ("bench-a", "bench-b", "bench-c"):
+            if name not in live:
+                self.agents.start(name, heartbeat=HEARTBEAT)
+        self.wait_online(3)
+
+    def close(self) -> None:
+        self.agents.cleanup()
+        self.controller.stop()
+        self.controller.kill()
+
+
+def create_database() -> None:
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+
+
+def drop_database() -> None:
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+
+
+def median(values: list[float | None]) -> float | None:
+    done = [v for v in values if v is not None]
+    return statistics.median(done) if len(done) == len(values) and done else None
+
+
+def fmt(value: float | None, waited: float) -> str:
+    return f"{value:6.2f} s" if value is not None else f"none in {waited:.0f} s"
+
+
+def measure(
+    name: str, reps: int, run: Callable[[Path], float | None], root: Path, give_up_after: int
+) -> list[float | None]:
+    values: list[float | None] = []
+    for rep in range(reps):
+        work = root / f"{name}-{rep}"
+        work.mkdir(parents=True)
+        value = run(work)
+        values.append(value)
+        print(f"  {name:<26} rep {rep + 1}: {fmt(value, TORCHRUN_WAIT)}", flush=True)
+        if rep + 1 >= give_up_after and all(v is None for v in values):
+            print(f"  {name:<26} stopped after {rep + 1} reps: never recovered", flush=True)
+            break
+    return values
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+
+    import redis
+
+    redis.Redis.from_url(BENCH_REDIS).flushdb()
+    create_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    results: dict[str, dict[str, list[float | None]]] = {"trainyard": {}, "torchrun": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
+        root = Path(tmp)
+        print("Trainyard (controller + 3 agents, heartbeat 2 s)", flush=True)
+        ty = Trainyard(root / "trainyard")
+        try:
+            results["trainyard"]["rank_kill"] = measure(
+                "rank kill", args.reps, ty.rank_kill, root / "ty", args.reps
+            )
+            results["trainyard"]["scale_up"] = measure(
+                "scale-up 2→3", args.reps, ty.scale_up, root / "ty", args.reps
+            )
+            results["trainyard"]["node_kill"] = measure(
+                "node kill", args.reps, ty.node_kill, root / "ty", args.reps
+            )
+        finally:
+            ty.close()
+        print("torchrun (c10d / standalone)", flush=True)
+        results["torchrun"]["rank_kill"] = measure(
+            "rank kill", args.reps, torchrun_rank_kill, root / "tr", args.reps
+        )
+        results["torchrun"]["scale_up"] = measure(
+            "scale-up 2→3", args.reps, torchrun_scale_up, root / "tr", 2
+        )
+        results["torchrun"]["node_kill"] = measure("node kill", args.reps, torchrun_node_kill, root / "tr", 2)
+    redis.Redis.from_url(BENCH_REDIS).flushdb()
+    drop_database()
+
+    cases = [
+        ("rank kill → next step", "rank_kill"),
+        ("scale-up 2→3 → step at world 3", "scale_up"),
+        ("node kill → step at world 2", "node_kill"),
+    ]
+    print()
+    print(f"{'case (median of reps)':<34} {'Trainyard':>14} {'torchrun':>16} {'ratio':>7}")
+    figures: dict[str, Any] = {}
+    for label, key in cases:
+        ty_m, tr_m = median(results["trainyard"][key]), median(results["torchrun"][key])
+        ratio = ty_m / tr_m if ty_m is not None and tr_m else None
+        print(
+            f"{label:<34} {fmt(ty_m, 60):>14} {fmt(tr_m, TORCHRUN_WAIT):>16} "
+            f"{(f'{ratio:.2f}x' if ratio is not None else '-'):>7}"
+        )
+        figures[f"trainyard_{key}_s"] = ty_m
+        figures[f"torchrun_{key}_s"] = tr_m
+        figures[f"trainyard_{key}_runs"] = results["trainyard"][key]
+        figures[f"torchrun_{key}_runs"] = results["torchrun"][key]
+    rk_ty, rk_tr = figures["trainyard_rank_kill_s"], figures["torchrun_rank_kill_s"]
+    figures["rank_kill_ratio"] = rk_ty / rk_tr if rk_ty is not None and rk_tr else None
+    figures["torchrun_wait_s"] = TORCHRUN_WAIT
+    print()
+    print("targets: rank-kill ratio <= 0.5; scale-up <= 5 s; node loss <= 10 s (2 s heartbeats)")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

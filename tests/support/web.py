@@ -1,0 +1,74 @@
+"""The console served by a real Daphne process against the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
+    """Daphne on a free port, reading and writing the test database."""
+    db = settings.DATABASES["default"]
+    # A second process must see the test data, which an in-memory SQLite database cannot share.
+    assert db["ENGINE"] == "django.db.backends.postgresql", "run with DATABASE_URL=postgres://..."
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        TRAINYARD_HOME=str(settings.TRAINYARD_HOME),
+        PYTHONUNBUFFERED="1",
+    )
+    log_path = tmp_path / "daphne.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "console.asgi:application",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert process.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "daphne did not start"
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
