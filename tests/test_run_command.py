@@ -149,3 +149,19 @@ def test_run_starts_the_console_and_ctrl_c_stops_every_process(supervisor: Super
     # Then every process it started, and everything in their process groups, is gone
     assert [name for name, pid in pids.items() if pid_alive(pid)] == []
     assert group_members(set(pids.values())) == []
+
+
+def test_a_child_that_dies_stops_everything_and_is_named(supervisor: Supervisor) -> None:
+    # Given a running console
+    supervisor.wait_for(URL_LINE, timeout=120)
+    pids = dict(supervisor.children)
+
+    # When the controller is killed behind the supervisor's back
+    os.kill(pids["controller"], signal.SIGKILL)
+
+    # Then the supervisor says which child died, stops the rest and fails
+    supervisor.wait_for(re.compile(r"controller \(pid \d+\) exited unexpectedly"), timeout=30)
+    supervisor.wait_for(re.compile(r"all processes stopped"), timeout=90)
+    assert supervisor.process.wait(timeout=30) != 0
+    assert [name for name, pid in pids.items() if pid_alive(pid)] == []
+    assert group_members(set(pids.values())) == []

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from io import StringIO
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -230,7 +231,8 @@ class Command(BaseCommand):
 
         sup.say("migrating the database")
         call_command("migrate", interactive=False, verbosity=0)
-        call_command("createadmin", stdout=self.stdout)
+        login = StringIO()
+        call_command("createadmin", stdout=login)
         if sup.stopping:
             return 0
 
@@ -286,6 +288,8 @@ class Command(BaseCommand):
                 sup.say("the web server did not come up")
                 return 1
             return 0
+        # Shown beside the URL so it is not lost in the processes' start-up logs.
+        self.stdout.write(login.getvalue())
         sup.say(f"Trainyard console: http://127.0.0.1:{sup.port}/  (Ctrl-C stops everything)")
 
         while not sup.stopping:
