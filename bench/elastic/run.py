@@ -413,6 +413,8 @@ def main() -> int:
     )
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C so the controller and agents are stopped in `finally`.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     import redis
 
