@@ -189,3 +189,44 @@ def test_lost_node_gives_a_smaller_round_or_sends_the_job_back_to_pending() -> N
     control.tick()
     elastic.refresh_from_db()
     assert elastic.state == JobState.PENDING and elastic.progress == {"step": 42}
+
+
+def test_draining_a_node_moves_elastic_jobs_off_it_then_it_is_drained() -> None:
+    from console.cluster.actions import drain_node
+
+    a, b = make_node("a"), make_node("b")
+    job = make_job("elastic", nnodes="1:2")
+    control.schedule()
+    assert nodes_of(job) == ["a", "b"]
+    drain_node(b.pk, None)
+    control.tick()
+    assert nodes_of(job) == ["a"]
+    assert Node.objects.get(pk=b.pk).state == NodeState.DRAINED
+    assert Node.objects.get(pk=a.pk).state == NodeState.ONLINE
+    job.refresh_from_db()
+    assert job.restarts == 0
+
+
+def test_operator_restart_is_a_new_round_on_the_same_nodes_and_costs_no_restart() -> None:
+    from console.core.models import AuditEntry
+
+    make_node("a")
+    job = make_job("again", nnodes="1")
+    control.schedule()
+    control.restart_job(job.pk, None)
+    job.refresh_from_db()
+    rnd = job.current_round()
+    assert rnd is not None and rnd.number == 2 and rnd.reason == RoundReason.RESTART and not rnd.charged
+    assert nodes_of(job) == ["a"] and job.restarts == 0 and job.state == JobState.RESTARTING
+    assert AuditEntry.objects.filter(action="job.restart", target_id=str(job.pk)).exists()
+
+
+def test_every_state_change_emits_an_event() -> None:
+    from console.telemetry.models import Event
+
+    make_node("a")
+    job = make_job("events", nnodes="1")
+    control.schedule()
+    control.stop_job(job.pk, None)
+    kinds = list(Event.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
+    assert kinds == ["job.submitted", "round.start", "job.stopped"]
