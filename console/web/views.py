@@ -106,11 +106,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-def loss_series(job: Job, after_step: int | None = None) -> dict[str, list[list[float]]]:
-    """Display-sized series per metric name, from rank 0 (every rank logs the same loss in DDP)."""
-    rows = Metric.objects.filter(job=job, rank=0, name__in=("loss", "val_loss", "accuracy"))
-    if after_step is not None:
-        rows = rows.filter(step__gt=after_step)
+def loss_series(job: Job) -> dict[str, list[list[float]]]:
+    """Display-sized loss series, from rank 0 (every rank logs the same loss in DDP)."""
+    rows = Metric.objects.filter(job=job, rank=0, name__contains="loss")
     series: dict[str, list[list[float]]] = {}
     for name, step, value in rows.order_by("step", "round_number").values_list("name", "step", "value"):
         series.setdefault(name, []).append([step, value])

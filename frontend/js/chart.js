@@ -49,7 +49,7 @@ export class LineChart {
   }
 
   hasData() {
-    return Object.values(this.series).some((p) => p.length > 0);
+    return Object.values(this.series).some((points) => points.some((p) => Number.isFinite(p[1])));
   }
 
   draw() {
@@ -63,15 +63,16 @@ export class LineChart {
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, width, height);
 
-    const names = Object.keys(this.series).filter((n) => this.series[n].length);
+    const names = Object.keys(this.series).filter((n) => this.series[n].some((p) => Number.isFinite(p[1])));
     if (this.legend) {
       this.legend.innerHTML = "";
       names.forEach((name, i) => {
         const item = document.createElement("span");
         item.style.color = COLORS[i % COLORS.length];
         item.style.marginLeft = "12px";
-        const last = this.series[name][this.series[name].length - 1];
-        item.textContent = `● ${name} ${formatNumber(last[1])} @ ${last[0]}`;
+        const finite = this.series[name].filter((p) => Number.isFinite(p[1]));
+        const last = finite[finite.length - 1];
+        item.textContent = last ? `● ${name} ${formatNumber(last[1])} @ ${last[0]}` : `● ${name}`;
         this.legend.appendChild(item);
       });
     }

@@ -13,7 +13,12 @@ const MAX_LOG_LINES = 500;
 
 const chart = new LineChart(document.getElementById("loss-chart"), document.getElementById("chart-legend"));
 const initial = JSON.parse(document.getElementById("initial-series").textContent || "{}");
-chart.setSeries(initial);
+chart.setSeries(lossOnly(initial));
+
+// The card is a loss chart; other series (lr, throughput, grad norms) have other scales.
+function lossOnly(series) {
+  return Object.fromEntries(Object.entries(series || {}).filter(([name]) => name.includes("loss")));
+}
 
 function showChart() {
   document.getElementById("chart-empty").hidden = chart.hasData();
@@ -81,7 +86,7 @@ function onMessage(data) {
       addEvent(data.seq ?? data.event?.seq, data.event || {});
       break;
     case "metrics":
-      chart.append(data.series);
+      chart.append(lossOnly(data.series));
       showChart();
       break;
     case "log":
@@ -96,13 +101,15 @@ async function poll() {
   const data = await getJSON(`/jobs/${jobId}/live/?after=${lastSeq}`);
   applyJob(data.job);
   for (const e of data.events) addEvent(e.seq, e);
-  chart.setSeries(data.series);
+  chart.setSeries(lossOnly(data.series));
   showChart();
 }
 
 subscribe({
-  path: `/ws/jobs/${jobId}/?after=${lastSeq}`,
+  path: `/ws/jobs/${jobId}/`,
   onMessage,
+  // The consumer replays every event after lastSeq, so nothing is lost across a reconnect.
+  onOpen: (socket) => socket.send(JSON.stringify({ type: "resume", after: lastSeq })),
   poll,
   intervalMs: 3000,
   status: document.getElementById("live-status"),

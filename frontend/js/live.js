@@ -1,11 +1,12 @@
 // A websocket subscription that falls back to polling when the socket cannot be used.
 //
-// subscribe({path, onMessage, poll, intervalMs, status}) opens ws(s)://host{path}; if it fails
-// to open or drops, poll() is called every intervalMs until a reconnect attempt succeeds.
+// subscribe({path, onMessage, onOpen, poll, intervalMs, status}) opens ws(s)://host{path}; if it
+// fails to open or drops, poll() is called every intervalMs until a reconnect attempt succeeds.
+// onOpen(socket) runs on every (re)connect, e.g. to ask for what was missed meanwhile.
 
 const RECONNECT_MS = 30000;
 
-export function subscribe({ path, onMessage, poll, intervalMs = 3000, status }) {
+export function subscribe({ path, onMessage, onOpen, poll, intervalMs = 3000, status }) {
   let socket = null;
   let pollTimer = null;
   let reconnectTimer = null;
@@ -55,6 +56,7 @@ export function subscribe({ path, onMessage, poll, intervalMs = 3000, status }) 
       opened = true;
       stopPolling();
       setStatus("live", "live");
+      if (onOpen) onOpen(socket);
     });
     socket.addEventListener("message", (msg) => {
       let data;
