@@ -136,7 +136,16 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py's asyncio pool caps at 100 connections by default, which broke every
             # websocket past the hundredth (DESIGN.md, known traps).
-            "hosts": [{"address": REDIS_URL, "max_connections": envint("CHANNEL_MAX_CONNECTIONS", 2000)}],
+            # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
+            # channels-redis blocks in BZPOPMIN: an idle layer then raised TimeoutError inside
+            # a consumer every 5 s and closed its websocket. Read timeout must exceed the block.
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "max_connections": envint("CHANNEL_MAX_CONNECTIONS", 2000),
+                    "socket_timeout": 30,
+                }
+            ],
             "capacity": 1000,
             "expiry": 30,
         },

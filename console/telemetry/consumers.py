@@ -65,8 +65,8 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
-        user = self.scope.get("user")
-        if not await database_sync_to_async(can_view)(user):
+        # AuthMiddlewareStack has already loaded the user; can_view reads only its flags.
+        if not can_view(self.scope.get("user")):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         if not await self.authorize():

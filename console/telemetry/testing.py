@@ -72,9 +72,9 @@ def session_cookie(user: User) -> str:
 class RedisServer:
     """A private redis-server on a free port, append-only so its stream survives a restart."""
 
-    def __init__(self, workdir: Path, appendonly: bool = True) -> None:
+    def __init__(self, workdir: Path, appendonly: bool = True, port: int | None = None) -> None:
         self.workdir = workdir
-        self.port = free_port()
+        self.port = port or free_port()
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None
         if shutil.which("redis-server") is None:

@@ -1,0 +1,488 @@
+"""Telemetry bench: ingest rate, SDK-append → websocket latency, 200-client fan-out, downsampling.
+
+Run from the repo root: ``.venv/bin/python bench/telemetry/run.py``. It creates (and drops) its own
+PostgreSQL database and starts its own redis-server, daphne and ``manage.py ingest`` processes.
+
+Producer: a subprocess appends SDK-format JSON lines to two rank telemetry files and the agent's
+real shipper (workers.agent.shipper.TelemetryShipper) tails them and XADDs batches, as on a
+host. Each record carries its append time as the value of the series ``t_append``, so a client
+computes append → arrival latency for every point of every frame it receives. The SDK's own
+buffering (``log()`` → file, up to workers.sdk.telemetry.FLUSH_INTERVAL) is not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+BENCH_DB = "ty_telemetry_bench"
+
+# Ingest rate: a prefilled stream of this many agent batches.
+RATE_BATCHES = 400
+RATE_RECORDS_PER_BATCH = 250
+RATE_VALUES = ("loss", "lr", "grad_norm", "throughput", "step_time")
+# Live phases: 10,000 points/s = 2 ranks x 1,000 records/s x 5 values.
+LIVE_RATE = 10_000
+LIVE_RANKS = 2
+LIVE_VALUES = 5
+LATENCY_SECONDS = 15.0
+FANOUT_CLIENTS = 200
+FANOUT_SECONDS = 20.0
+WARMUP_SECONDS = 2.0
+DOWNSAMPLE_POINTS = 1_000_000
+DOWNSAMPLE_RUNS = 7
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# --- producer subprocess ---------------------------------------------------------------------
+def produce(job_id: int, rate: int, seconds: float, workdir: Path, redis_url: str) -> None:
+    """Append SDK-format records to rank files at ``rate`` points/s; the real shipper ships them."""
+    from workers.agent.shipper import TelemetryShipper
+
+    shipper = TelemetryShipper(redis_url, node="bench")
+    fds = {}
+    for rank in range(LIVE_RANKS):
+        paths = [workdir / f"rank{rank}.{suffix}" for suffix in ("jsonl", "out", "err")]
+        for path in paths:
+            path.touch()
+        shipper.add(job_id, 1, rank, *paths)
+        fds[rank] = os.open(paths[0], os.O_WRONLY | os.O_APPEND)
+    shipper.start()
+    per_rank = rate / LIVE_VALUES / LIVE_RANKS
+    written = 0
+    start = time.time()
+    while (now := time.time()) - start < seconds:
+        due = int((now - start) * per_rank)
+        if due > written:
+            for rank, fd in fds.items():
+                lines = []
+                for step in range(written, due):
+                    record = {
+                        "kind": "metric",
+                        "seq": step + 1,
+                        "t": now,
+                        "step": step,
+                        "values": {
+                            "loss": 1.0 / (step + 1),
+                            "lr": 0.001,
+                            "grad_norm": 1.0 + (step % 7) * 0.01,
+                            "throughput": 512.0 + rank,
+                            "t_append": time.time(),
+                        },
+                    }
+                    lines.append(json.dumps(record, separators=(",", ":")))
+                os.write(fd, ("\n".join(lines) + "\n").encode())
+            written = due
+        time.sleep(0.005)
+    time.sleep(0.5)
+    shipper.stop()
+    print(json.dumps({"records_per_rank": written}), flush=True)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+class Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+# --- phases ----------------------------------------------------------------------------------
+def bench_ingest_rate(
+    job_id: int, redis_url: str, env: dict[str, str], procs: Processes, logs: Path
+) -> float:
+    import redis
+
+    from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
+    client = redis.Redis.from_url(redis_url)
+    pipe = client.pipeline(transaction=False)
+    step = 0
+    for i in range(RATE_BATCHES):
+        rank = i % 4
+        records = [
+            {
+                "kind": "metric",
+                "seq": step + j,
+                "t": time.time(),
+                "step": step + j,
+                "values": {name: 0.5 + j * 1e-3 for name in RATE_VALUES},
+            }
+            for j in range(RATE_RECORDS_PER_BATCH)
+        ]
+        if rank == 3:
+            step += RATE_RECORDS_PER_BATCH
+        payload = {"job_id": job_id, "round": 1, "rank": rank, "node": "bench", "records": records}
+        pipe.xadd(TELEMETRY_STREAM, {"batch": json.dumps(payload)})
+    pipe.execute()
+    points_per_entry = RATE_RECORDS_PER_BATCH * len(RATE_VALUES)
+    proc = procs.start(
+        [sys.executable, "manage.py", "ingest", "--consumer", "bench-rate"], env, logs / "ingest-rate.log"
+    )
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            groups = client.xinfo_groups(TELEMETRY_STREAM)
+            info = next(g for g in groups if g["name"] in (TELEMETRY_GROUP, TELEMETRY_GROUP.encode()))
+            acked = int(info["entries-read"] or 0) - int(info["pending"])
+        except (StopIteration, redis.ResponseError):
+            acked = 0
+        now = time.monotonic()
+        if acked > 0:
+            samples.append((now, acked))
+        if acked >= RATE_BATCHES:
+            break
+        time.sleep(0.02)
+    procs.stop(proc)
+    client.close()
+    if len(samples) < 2:
+        raise RuntimeError("ingest made no progress")
+    (t0, a0), (t1, a1) = samples[0], samples[-1]
+    return (a1 - a0) * points_per_entry / (t1 - t0)
+
+
+async def watch(
+    url: str, cookie: str, seconds: float, ready: asyncio.Event, go: asyncio.Event, result: dict[str, Any]
+) -> None:
+    from websockets.asyncio.client import connect
+
+    latencies: list[float] = []
+    frames: list[int] = []
+    async with connect(
+        url,
+        origin="http://127.0.0.1",  # type: ignore[arg-type]
+        additional_headers={"Cookie": cookie},
+        compression=None,
+        max_queue=None,
+        open_timeout=60,
+    ) as ws:
+        state = json.loads(await ws.recv())
+        assert state["type"] == "state", state
+        ready.set()
+        await go.wait()
+        start = time.time()
+        end = start + seconds
+        while (remaining := end - time.time()) > 0:
+            try:
+                raw = await asyncio.wait_for(ws.recv(), remaining)
+            except TimeoutError:
+                break
+            arrived = time.time()
+            message = json.loads(raw)
+            if message.get("type") != "metrics":
+                continue
+            frames.append(message["frame"])
+            if arrived - start < WARMUP_SECONDS:
+                continue
+            latencies.extend(arrived - v for _, v in message["series"].get("t_append", []) if v is not None)
+    gaps = sum(max(0, b - a - 1) for a, b in itertools.pairwise(frames))
+    result.update(latencies=latencies, frames=len(frames), gaps=gaps, last=frames[-1] if frames else None)
+
+
+async def run_clients(
+    url: str, cookie: str, clients: int, seconds: float, start_producer: Any
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = [{} for _ in range(clients)]
+    readies = [asyncio.Event() for _ in range(clients)]
+    go = asyncio.Event()
+    tasks = []
+    for i in range(clients):
+        tasks.append(asyncio.create_task(watch(url, cookie, seconds, readies[i], go, results[i])))
+        # A gentle ramp, as browsers arrive: daphne drops a socket whose consumer has not
+        # accepted within its websocket_connect_timeout (5 s).
+        if i % 10 == 9:
+            await asyncio.sleep(0.1)
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
+    start_producer()
+    go.set()
+    await asyncio.gather(*tasks)
+    return results
+
+
+def live_phase(
+    job_id: int,
+    clients: int,
+    seconds: float,
+    *,
+    cookie: str,
+    ws_port: int,
+    redis_url: str,
+    env: dict[str, str],
+    procs: Processes,
+    logs: Path,
+    workdir: Path,
+) -> list[dict[str, Any]]:
+    producer: list[subprocess.Popen[bytes]] = []
+
+    def start_producer() -> None:
+        producer.append(
+            procs.start(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--produce",
+                    str(job_id),
+                    "--seconds",
+                    str(seconds + 1.0),
+                    "--workdir",
+                    str(workdir),
+                    "--redis",
+                    redis_url,
+                ],
+                env,
+                logs / f"producer-{clients}.log",
+            )
+        )
+
+    url = f"ws://127.0.0.1:{ws_port}/ws/jobs/{job_id}/"
+    results = asyncio.run(run_clients(url, cookie, clients, seconds, start_producer))
+    for proc in producer:
+        proc.wait(60)
+    return results
+
+
+def bench_downsample(points: int) -> tuple[float, int]:
+    from django.db import connection
+
+    from console.jobs.models import Job
+    from console.telemetry.downsample import query_series
+
+    job = Job.objects.create(name="downsample-bench", workload="mlp", round_number=1)
+    with connection.cursor() as cur:
+        raw = cur.cursor
+        with raw.copy(
+            "COPY telemetry_metric (job_id, round_number, rank, seq, step, name, value, time) FROM STDIN"
+        ) as copy:
+            now = "2026-01-01 00:00:00+00"
+            for step in range(points):
+                copy.write_row((job.pk, 1, 0, step, step, "loss", ((step * 7919) % 10007) / 10007.0, now))
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE telemetry_metric")
+    timings = []
+    buckets = []
+    for _ in range(DOWNSAMPLE_RUNS):
+        started = time.perf_counter()
+        buckets = query_series(job.pk, "loss", points=1000)
+        timings.append((time.perf_counter() - started) * 1000)
+    assert sum(b.count for b in buckets) == points
+    return statistics.median(timings), len(buckets)
+
+
+# --- main ------------------------------------------------------------------------------------
+def main() -> None:
+    import psycopg
+
+    redis_port = free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    database_url = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
+    os.environ.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        DJANGO_SETTINGS_MODULE="console.settings",
+        LOG_LEVEL="WARNING",
+    )
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {BENCH_DB}")
+
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.db import connections
+
+    from console.jobs.models import Job
+    from console.telemetry.testing import RedisServer, session_cookie
+
+    tmp = Path(tempfile.mkdtemp(prefix="telemetry-bench-"))
+    logs = tmp / "logs"
+    logs.mkdir()
+    redis_server = RedisServer(tmp / "redis", appendonly=False, port=redis_port)
+    procs = Processes()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    figures: dict[str, Any] = {}
+    try:
+        redis_server.start()
+        call_command("migrate", verbosity=0)
+        user = User.objects.create_user("bench", password="bench-pw-1")
+        cookie = session_cookie(user)
+
+        rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
+        figures["ingest_points_per_s"] = round(bench_ingest_rate(rate_job.pk, redis_url, env, procs, logs))
+        print(f"ingest: {figures['ingest_points_per_s']:,} points/s", flush=True)
+
+        ws_port = free_port()
+        daphne = procs.start(
+            [
+                str(Path(sys.executable).parent / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(ws_port),
+                "console.asgi:application",
+            ],
+            env,
+            logs / "daphne.log",
+        )
+        procs.start(
+            [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"], env, logs / "ingest-live.log"
+        )
+        wait_port(ws_port)
+
+        live_job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
+        (tmp / "latency").mkdir()
+        (single,) = live_phase(
+            live_job.pk,
+            1,
+            LATENCY_SECONDS,
+            cookie=cookie,
+            ws_port=ws_port,
+            redis_url=redis_url,
+            env=env,
+            procs=procs,
+            logs=logs,
+            workdir=tmp / "latency",
+        )
+        lat = [x * 1000 for x in single["latencies"]]
+        figures["latency_p50_ms"] = round(percentile(lat, 50), 1)
+        figures["latency_p95_ms"] = round(percentile(lat, 95), 1)
+        print(
+            f"latency: p50 {figures['latency_p50_ms']} ms p95 {figures['latency_p95_ms']} ms "
+            f"({len(lat)} points, {single['frames']} frames)",
+            flush=True,
+        )
+
+        fan_job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
+        (tmp / "fanout").mkdir()
+        many = live_phase(
+            fan_job.pk,
+            FANOUT_CLIENTS,
+            FANOUT_SECONDS,
+            cookie=cookie,
+            ws_port=ws_port,
+            redis_url=redis_url,
+            env=env,
+            procs=procs,
+            logs=logs,
+            workdir=tmp / "fanout",
+        )
+        all_lat = [x * 1000 for r in many for x in r["latencies"]]
+        figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)
+        figures["fanout_p95_ms"] = round(percentile(all_lat, 95), 1)
+        figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
+        figures["fanout_gaps"] = sum(r["gaps"] for r in many)
+        lasts = {r["last"] for r in many}
+        figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
+        print(
+            f"fanout: {figures['fanout_clients']} clients p95 {figures['fanout_p95_ms']} ms, "
+            f"gaps {figures['fanout_gaps']}, last frame numbers {sorted(lasts, key=str)[:5]}",
+            flush=True,
+        )
+        procs.stop(daphne)
+        procs.stop_all()
+
+        ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
+        figures["downsample_1m_ms"] = round(ms, 1)
+        print(
+            f"downsample: {DOWNSAMPLE_POINTS:,} -> {nbuckets} buckets in {ms:.1f} ms (median of {DOWNSAMPLE_RUNS})"
+        )
+    finally:
+        procs.stop_all()
+        redis_server.stop()
+        connections.close_all()
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+    rows = [
+        ("sustained ingest into PostgreSQL", f"{figures['ingest_points_per_s']:,} points/s", ">= 50,000"),
+        ("append -> websocket p50 @10k pts/s", f"{figures['latency_p50_ms']} ms", ""),
+        ("append -> websocket p95 @10k pts/s", f"{figures['latency_p95_ms']} ms", "<= 250"),
+        ("fan-out clients (received frames)", f"{figures['fanout_clients']} / {FANOUT_CLIENTS}", "200"),
+        ("fan-out p50 / p95", f"{figures['fanout_p50_ms']} / {figures['fanout_p95_ms']} ms", "p95 <= 250"),
+        ("fan-out frame gaps (all clients)", str(figures["fanout_gaps"]), "0"),
+        ("downsample 1M -> 1,000 (median)", f"{figures['downsample_1m_ms']} ms", "<= 100"),
+    ]
+    print()
+    print(f"{'measure':40} {'result':>24}  target")
+    for name, value, target in rows:
+        print(f"{name:40} {value:>24}  {target}")
+    keys = [
+        "ingest_points_per_s",
+        "latency_p50_ms",
+        "latency_p95_ms",
+        "fanout_clients",
+        "fanout_p95_ms",
+        "fanout_gaps",
+        "downsample_1m_ms",
+    ]
+    print(json.dumps({k: figures[k] for k in keys}))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--produce", type=int, help="(internal) run the producer for this job id")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--redis")
+    args = parser.parse_args()
+    if args.produce is not None:
+        produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
+    else:
+        main()
