@@ -14,8 +14,11 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
+    pid_alive,
+    rank_pids,
     round_spec,
     start_registered,
+    wait_until,
 )
 from workers import protocol
 
@@ -30,6 +33,17 @@ with open(os.environ["TRAINYARD_TELEMETRY"], "a") as fh:
     fh.write(json.dumps({"kind": "event", "event": "note", "severity": "info", "message": "hi", "data": {}}) + "\\n")
 print("hello from rank", os.environ["RANK"])
 print("a warning line", file=sys.stderr)
+"""
+
+SIGTERM_SCRIPT = """
+import os, signal, sys, time
+out, rank = os.environ["OUT"], os.environ["RANK"]
+def on_term(signum, frame):
+    open(os.path.join(out, "terminated-" + rank), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, "ready-" + rank), "w").close()
+time.sleep(300)
 """
 
 
@@ -159,9 +173,22 @@ def test_agent_lifecycle_on_the_wire(
     ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 10, node="host-l", job_id=72)
     assert ended.kwargs["outcome"] == "failed"
 
-    # When the agent shuts down cleanly, it says so
+    # When the agent shuts down cleanly while a round runs
+    control_queue.send("host-l", protocol.AGENT_START_ROUND, spec=python_round(73, SIGTERM_SCRIPT, tmp_path))
+    heartbeat = control_queue.wait_for(
+        protocol.CONTROL_HEARTBEAT, 30, node="host-l", match=lambda m: len(rank_pids(m, 73, 1)) == 2
+    )
+    pids = rank_pids(heartbeat, 73, 1)
+    assert wait_until(lambda: all((tmp_path / f"ready-{rank}").exists() for rank in (2, 3)), 30)
     assert agent.stop() == 0
-    control_queue.wait_for(protocol.CONTROL_OFFLINE, 5, node="host-l", session=session)
+
+    # Then its ranks got SIGTERM (and used it), the round ended "stopped", and it said goodbye
+    assert sorted(p.name for p in tmp_path.glob("terminated-*")) == ["terminated-2", "terminated-3"]
+    assert not any(pid_alive(pid) for pid in pids)
+    ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 5, node="host-l", job_id=73)
+    assert ended.kwargs["outcome"] == "stopped"
+    offline = control_queue.wait_for(protocol.CONTROL_OFFLINE, 5, node="host-l")
+    assert offline.kwargs["session"] == session
 
     # And when it starts again it re-registers under the same name with a new session and
     # resumes heartbeats

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -189,17 +187,11 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
             raise LaunchError(f"bundle download failed: {exc}") from exc
         if digest.hexdigest() != sha256:
             raise LaunchError(f"bundle sha256 mismatch: expected {sha256}, got {digest.hexdigest()}")
-        staging = Path(tmp) / "extracted"
-        staging.mkdir()
         try:
-            extract_bundle(archive, staging)
+            # extract_bundle stages and renames into place itself, so agents sharing a cache
+            # directory never see a half-extracted bundle.
+            extract_bundle(archive, dest)
         except Exception as exc:
-            raise LaunchError(f"bundle extraction failed: {exc}") from exc
-        # Another round may have extracted the same bundle meanwhile; either copy is good.
-        try:
-            os.replace(staging, dest)
-        except OSError:
             if not dest.is_dir():
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
+                raise LaunchError(f"bundle extraction failed: {exc}") from exc
     return dest

@@ -479,6 +479,8 @@ class Supervisor(threading.Thread):
             outcome = "succeeded"
         local.state = outcome
         slot.active = None
+        if slot.last_ended is not None:
+            self._shipper.forget_round(slot.last_ended.job_id, slot.last_ended.number)
         slot.last_ended = local
         logger.info("job %s round %s ended: %s", local.job_id, local.number, outcome)
         self._control.send(
