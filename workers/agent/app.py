@@ -30,6 +30,7 @@ from workers.protocol import RoundSpec
 logger = logging.getLogger("workers.agent")
 
 SHUTDOWN_MARGIN_SECONDS = 15.0
+CONTROL_FLUSH_SECONDS = 10.0
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -139,6 +140,7 @@ def run_agent(config: AgentConfig) -> int:
         if heartbeat.is_alive():
             heartbeat.stop()
         control.send(protocol.CONTROL_OFFLINE)
+        control.close(timeout=CONTROL_FLUSH_SECONDS)
         shipper.stop()
         reaper.close()
     return 0
