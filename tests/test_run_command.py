@@ -53,8 +53,29 @@ def group_members(pgids: set[int]) -> list[int]:
     return members
 
 
+def processes_of_home(home: Path, wait: float = 10.0) -> list[int]:
+    """Live processes started for this console, wherever their session: anything the
+    supervisor started passes TRAINYARD_HOME on, including helpers that leave its groups."""
+    marker = f"TRAINYARD_HOME={home}".encode()
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0") and pid_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
 class Supervisor:
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: subprocess.Popen[str], home: Path) -> None:
+        self.home = home
         self.process = process
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -91,7 +112,8 @@ def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "REDIS_URL", "TRAINYARD_ADMIN_PASSWORD")
     }
-    env.update(TRAINYARD_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    home = tmp_path / "home"
+    env.update(TRAINYARD_HOME=str(home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(free_port())],
         cwd=REPO,
@@ -101,7 +123,7 @@ def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
         text=True,
         start_new_session=True,
     )
-    sup = Supervisor(process)
+    sup = Supervisor(process, home)
     try:
         yield sup
     finally:
@@ -115,6 +137,8 @@ def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
         for pid in sup.children.values():
             if pid_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+        for pid in processes_of_home(home, wait=0):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_run_starts_the_console_and_ctrl_c_stops_every_process(supervisor: Supervisor) -> None:
@@ -149,6 +173,7 @@ def test_run_starts_the_console_and_ctrl_c_stops_every_process(supervisor: Super
     # Then every process it started, and everything in their process groups, is gone
     assert [name for name, pid in pids.items() if pid_alive(pid)] == []
     assert group_members(set(pids.values())) == []
+    assert processes_of_home(supervisor.home) == []
 
 
 def test_a_child_that_dies_stops_everything_and_is_named(supervisor: Supervisor) -> None:
@@ -165,3 +190,4 @@ def test_a_child_that_dies_stops_everything_and_is_named(supervisor: Supervisor)
     assert supervisor.process.wait(timeout=30) != 0
     assert [name for name, pid in pids.items() if pid_alive(pid)] == []
     assert group_members(set(pids.values())) == []
+    assert processes_of_home(supervisor.home) == []

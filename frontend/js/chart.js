@@ -7,18 +7,20 @@ function niceTicks(min, max, count) {
     const pad = Math.abs(min) * 0.1 || 1;
     return niceTicks(min - pad, max + pad, count);
   }
-  const span = max - min;
-  const raw = span / count;
+  const raw = (max - min) / count;
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
   const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  // The axis runs from a tick below the data to a tick above it, so both ends are labelled.
+  const lo = Math.floor(min / step) * step;
+  const hi = Math.ceil(max / step) * step;
   const ticks = [];
-  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(v);
-  return { ticks, lo: Math.min(min, ticks[0] ?? min), hi: Math.max(max, ticks[ticks.length - 1] ?? max) };
+  for (let i = 0; lo + i * step <= hi + step * 1e-9; i++) ticks.push(lo + i * step);
+  return { ticks, lo, hi };
 }
 
 function formatNumber(v) {
   const a = Math.abs(v);
-  if (a >= 1e4 || (a > 0 && a < 1e-3)) return v.toExponential(1);
+  if (a >= 1e4 || (a > 0 && a < 1e-3)) return v.toExponential(1).replace(".0e", "e");
   return Number(v.toPrecision(3)).toString();
 }
 
@@ -87,23 +89,42 @@ export class LineChart {
       }
     }
     if (!Number.isFinite(xMin)) return;
-    const left = 52, right = 12, top = 10, bottom = 26;
+    const left = 52, right = 28, top = 10, bottom = 26;
     const plotW = width - left - right, plotH = height - top - bottom;
-    const yt = niceTicks(yMin, yMax, 4);
-    const xt = niceTicks(xMin, xMax === xMin ? xMin + 1 : xMax, 6);
+    // Losses often fall by orders of magnitude; a log axis keeps the tail readable.
+    const logScale = yMin > 0 && yMax / yMin > 100;
+    const ty = logScale ? (v) => Math.log10(v) : (v) => v;
+    let yt;
+    if (logScale) {
+      const lo = Math.floor(Math.log10(yMin)), hi = Math.ceil(Math.log10(yMax));
+      const stride = Math.max(1, Math.ceil((hi - lo) / 5));
+      const ticks = [];
+      for (let t = lo; t <= hi; t += stride) ticks.push(t);
+      yt = { ticks, lo, hi: Math.max(hi, ticks[ticks.length - 1]) };
+    } else {
+      yt = niceTicks(yMin, yMax, 4);
+    }
+    const xt = niceTicks(Math.max(0, xMin), xMax === xMin ? xMin + 1 : xMax, 6);
     const sx = (x) => left + ((x - xt.lo) / (xt.hi - xt.lo || 1)) * plotW;
-    const sy = (y) => top + plotH - ((y - yt.lo) / (yt.hi - yt.lo || 1)) * plotH;
+    const sy = (y) => top + plotH - ((ty(y) - yt.lo) / (yt.hi - yt.lo || 1)) * plotH;
 
     ctx.font = "11px system-ui, sans-serif";
+    if (logScale) {
+      ctx.fillStyle = "#8791a0";
+      ctx.textAlign = "left";
+      ctx.textBaseline = "top";
+      ctx.fillText("log scale", left + 6, top + 2);
+    }
     ctx.strokeStyle = "#2a313c";
     ctx.fillStyle = "#8791a0";
     ctx.lineWidth = 1;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
     for (const t of yt.ticks) {
-      const y = Math.round(sy(t)) + 0.5;
+      const value = logScale ? Math.pow(10, t) : t;
+      const y = Math.round(sy(value)) + 0.5;
       ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(width - right, y); ctx.stroke();
-      ctx.fillText(formatNumber(t), left - 6, y);
+      ctx.fillText(formatNumber(value), left - 6, y);
     }
     ctx.textAlign = "center";
     ctx.textBaseline = "top";

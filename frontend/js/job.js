@@ -24,8 +24,35 @@ function showChart() {
   document.getElementById("chart-empty").hidden = chart.hasData();
 }
 
+// Rounds and allocations are server-rendered; when the round or state changes, the page's own
+// HTML is fetched again and those parts swapped in (a few times per job, not per frame).
+let renderedRound = Number(document.getElementById("job-round").textContent);
+let renderedState = document.getElementById("job-state").textContent;
+let refreshTimer = null;
+
+async function refreshServerParts() {
+  refreshTimer = null;
+  try {
+    const response = await fetch(location.pathname, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const id of ["rounds-card", "round-detail"]) {
+      const next = fresh.getElementById(id);
+      const current = document.getElementById(id);
+      if (next && current) current.replaceWith(next);
+    }
+  } catch {
+    // The next state change or poll tries again.
+  }
+}
+
 function applyJob(job) {
   if (!job) return;
+  if ((job.round !== undefined && job.round !== renderedRound) || (job.state && job.state !== renderedState)) {
+    renderedRound = job.round ?? renderedRound;
+    renderedState = job.state || renderedState;
+    if (!refreshTimer) refreshTimer = setTimeout(refreshServerParts, 500);
+  }
   setBadge(document.getElementById("job-state"), job.state);
   if (job.round !== undefined) document.getElementById("job-round").textContent = job.round;
   if (job.restarts !== undefined) document.getElementById("job-restarts").textContent = job.restarts;
