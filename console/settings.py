@@ -104,6 +104,8 @@ STATICFILES_DIRS = [BASE_DIR / "frontend"]
 STATIC_ROOT = TRAINYARD_HOME / "static"
 # Serve straight from the finders so a local console needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
+# WhiteNoise warns on every start when STATIC_ROOT is missing, even when it serves from finders.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_AUTOREFRESH = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
