@@ -183,7 +183,8 @@ def test_operator_walks_through_the_console(console_url: str) -> None:
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
 
@@ -238,12 +239,30 @@ def test_operator_walks_through_the_console(console_url: str) -> None:
             expect(page.locator('.field-error[data-for="name"]')).not_to_be_empty()
             expect(page.locator('.field-error[data-for="nnodes"]')).not_to_be_empty()
             page.screenshot(path=str(ARTIFACTS / "submit.png"), full_page=True)
+            # A dashboard open in another tab hears of the submission over its websocket
+            watcher = context.new_page()
+            watcher.goto(console_url + "/")
+            expect(watcher.locator("#live-status")).to_have_text("live", timeout=15000)
             page.fill("#f-name", "digits-from-browser")
             page.fill("#f-nnodes", "1")
             page.click("#submit-button")
             page.wait_for_url(f"{console_url}/jobs/*/")
             expect(page.locator("h1")).to_contain_text("digits-from-browser")
             page.screenshot(path=str(ARTIFACTS / "submitted.png"), full_page=True)
+            expect(watcher.locator("#new-jobs")).to_have_text("1 new job · show", timeout=15000)
+
+            # Without websockets the job page polls, and still sees another tab stop the job
+            offline = context.new_page()
+            offline.route_web_socket(re.compile(r".*/ws/.*"), lambda ws: ws.close())
+            offline.goto(page.url)
+            expect(offline.locator("#live-status")).to_have_text(re.compile("polling"), timeout=15000)
+            expect(offline.locator("#job-state")).to_have_text("PENDING")
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.click("#stop-button")
+            expect(page.locator("#action-message")).to_have_text("Stop accepted.", timeout=15000)
+            expect(offline.locator("#job-state")).to_have_text("STOPPED", timeout=15000)
+            expect(offline.locator("#events")).to_contain_text("Stopped", timeout=15000)
+            offline.screenshot(path=str(ARTIFACTS / "job_polling.png"), full_page=True)
         finally:
             browser.close()
 

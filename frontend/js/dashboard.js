@@ -3,9 +3,50 @@ import { apiRequest, getJSON } from "./api.js";
 import { subscribe } from "./live.js";
 import { age, progressFraction, progressLabel, setBadge } from "./format.js";
 
+// The summary cards are server-rendered; after changes arrive they are fetched again, at most
+// every few seconds however busy the cluster is.
+let summaryTimer = null;
+async function refreshSummary() {
+  summaryTimer = null;
+  try {
+    const response = await fetch(location.pathname + location.search, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    const next = fresh.getElementById("cluster-summary");
+    const current = document.getElementById("cluster-summary");
+    if (next && current) current.replaceWith(next);
+  } catch {
+    // The next change tries again.
+  }
+}
+function summaryChanged() {
+  if (!summaryTimer) summaryTimer = setTimeout(refreshSummary, 3000);
+}
+
+const unseenJobs = new Set();
+function noteNewJob(job) {
+  const table = document.getElementById("job-table");
+  // Only a fresh submission (PENDING) on an unfiltered first page is news; any other job missing
+  // from the table is simply on another page.
+  if (!table || unseenJobs.has(job.id) || job.state !== "PENDING" || location.search) return;
+  unseenJobs.add(job.id);
+  let notice = document.getElementById("new-jobs");
+  if (!notice) {
+    notice = document.createElement("a");
+    notice.id = "new-jobs";
+    notice.className = "new-jobs";
+    notice.href = location.pathname;
+    table.parentElement.insertBefore(notice, table);
+  }
+  notice.textContent = `${unseenJobs.size} new job${unseenJobs.size > 1 ? "s" : ""} · show`;
+}
+
 function updateJobRow(job) {
   const row = document.querySelector(`#job-table tr[data-job-id="${job.id}"]`);
-  if (!row) return;
+  if (!row) {
+    noteNewJob(job);
+    return;
+  }
   const badge = row.querySelector('[data-field="state"]');
   const changed = badge && badge.textContent !== job.state;
   setBadge(badge, job.state);
@@ -23,6 +64,7 @@ function updateJobRow(job) {
     progress.querySelector(".progress-label").textContent = progressLabel(job.progress);
   }
   if (changed) {
+    summaryChanged();
     row.classList.remove("flash");
     void row.offsetWidth;
     row.classList.add("flash");
@@ -48,7 +90,9 @@ function showNodeButtons(row, state) {
 function updateNodeRow(node) {
   const row = document.querySelector(`#node-table tr[data-node-id="${node.id}"]`);
   if (!row) return;
-  setBadge(row.querySelector('[data-field="state"]'), node.state);
+  const badge = row.querySelector('[data-field="state"]');
+  if (badge && badge.textContent !== node.state) summaryChanged();
+  setBadge(badge, node.state);
   showNodeButtons(row, node.state);
   setMeter(row.querySelector('[data-field="cpu"]'), node.cpu_percent, false);
   setMeter(row.querySelector('[data-field="mem"]'), node.memory_percent, true);
@@ -66,7 +110,10 @@ function onMessage(data) {
 
 async function poll() {
   const data = await getJSON("/live/");
-  data.jobs.forEach(updateJobRow);
+  // Polling only lists active jobs, so a job it does not show is finished, not new.
+  data.jobs.forEach((job) => {
+    if (document.querySelector(`#job-table tr[data-job-id="${job.id}"]`)) updateJobRow(job);
+  });
   data.nodes.forEach(updateNodeRow);
 }
 
