@@ -36,7 +36,7 @@ async function refreshServerParts() {
     const response = await fetch(location.pathname, { credentials: "same-origin" });
     if (!response.ok) return;
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-    for (const id of ["rounds-card", "round-detail"]) {
+    for (const id of ["rounds-card", "round-detail", "nodes-stat"]) {
       const next = fresh.getElementById(id);
       const current = document.getElementById(id);
       if (next && current) current.replaceWith(next);
