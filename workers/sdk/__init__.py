@@ -4,7 +4,7 @@ One import, and the script still runs unchanged under plain ``torchrun`` or ``py
 
     from workers import sdk
 
-    watcher = sdk.watch(model, every=50, optimizer=optimizer)  # grad/param norms, NaN/Inf events
+    watcher = sdk.watch(model, every=100, optimizer=optimizer)  # grad/param norms, NaN/Inf events
     resumed = sdk.load_latest()                                # (state, step) or None
     start = resumed[1] if resumed else 0
     if resumed:
@@ -99,7 +99,7 @@ def flush() -> None:
     _sink().flush()
 
 
-def watch(model: nn.Module, every: int = 50, optimizer: torch.optim.Optimizer | None = None) -> Watcher:
+def watch(model: nn.Module, every: int = 100, optimizer: torch.optim.Optimizer | None = None) -> Watcher:
     return Watcher(model, every=every, optimizer=optimizer)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import sys
 import time
@@ -29,30 +30,35 @@ def peak_memory_bytes() -> int:
 class StepTimer:
     """``with sdk.step(step, samples=n, tokens=m):`` around one optimizer step.
 
-    Reused for every step (one object, no allocation); emits step time, samples/s, tokens/s and
-    peak memory averaged over the last ``every`` steps, on the first step and each ``every``-th.
+    One reused object; per step it only counts. Each ``every``-th step (and the first, which
+    includes warm-up) it emits the wall time per step over the window (from the first step's
+    start to the last one's end, so data loading between steps counts), samples/s, tokens/s and
+    peak memory.
     """
 
     def __init__(self, every: int = 10) -> None:
         self.every = max(1, every)
         self._step = 0
+        self._window_start = 0.0
         self._samples = 0
         self._tokens = 0
-        self._started = 0.0
-        self._window_time = 0.0
-        self._window_samples = 0
-        self._window_tokens = 0
-        self._window_steps = 0
+        self._steps = 0
         self._reported = False
 
     def __call__(self, step: int, samples: int = 0, tokens: int = 0) -> StepTimer:
         self._step = step
-        self._samples = samples
-        self._tokens = tokens
+        self._samples += samples
+        self._tokens += tokens
         return self
 
+    def count(self, samples: int = 0, tokens: int = 0) -> None:
+        """Adds samples/tokens to the current step when they are known only inside it."""
+        self._samples += samples
+        self._tokens += tokens
+
     def __enter__(self) -> StepTimer:
-        self._started = time.perf_counter()
+        if not self._window_start:
+            self._window_start = time.perf_counter()
         return self
 
     def __exit__(
@@ -61,39 +67,37 @@ class StepTimer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None:
-            return
-        self.done(self._step, time.perf_counter() - self._started, self._samples, self._tokens)
+        self._steps += 1
+        if exc_type is None and (self._step % self.every == 0 or not self._reported):
+            self._report(self._step, time.perf_counter() - self._window_start)
 
-    def done(self, step: int, seconds: float, samples: int = 0, tokens: int = 0) -> None:
-        self._window_time += seconds
-        self._window_samples += samples
-        self._window_tokens += tokens
-        self._window_steps += 1
-        # The first step is reported alone (it includes warm-up), then one record per window.
-        if self._reported and step % self.every != 0:
-            return
+    def _report(self, step: int, elapsed: float) -> None:
         self._reported = True
-        elapsed = self._window_time
-        values: dict[str, Any] = {"step_time_s": elapsed / self._window_steps}
-        if elapsed > 0 and self._window_samples:
-            values["samples_per_s"] = self._window_samples / elapsed
-        if elapsed > 0 and self._window_tokens:
-            values["tokens_per_s"] = self._window_tokens / elapsed
+        values: dict[str, Any] = {"step_time_s": elapsed / self._steps}
+        if elapsed > 0 and self._samples:
+            values["samples_per_s"] = self._samples / elapsed
+        if elapsed > 0 and self._tokens:
+            values["tokens_per_s"] = self._tokens / elapsed
         values["peak_memory_bytes"] = peak_memory_bytes()
         telemetry().metric(step, values, echo=False)
-        self._window_time = 0.0
-        self._window_samples = self._window_tokens = self._window_steps = 0
+        self._window_start = 0.0
+        self._samples = self._tokens = self._steps = 0
 
 
 def _layer_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def _grad_norm(grad: torch.Tensor) -> torch.Tensor:
-    if grad.is_sparse:
-        grad = grad.coalesce()._values()
-    return torch.linalg.vector_norm(grad.detach().float())
+def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each tensor (one fused call for dense ones), as a float32 CPU vector."""
+    if not any(t.is_sparse for t in tensors):
+        return torch.stack(torch._foreach_norm(tensors)).float().cpu()
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(t.coalesce()._values() if t.is_sparse else t).float().cpu()
+            for t in tensors
+        ]
+    )
 
 
 class Watcher:
@@ -101,10 +105,11 @@ class Watcher:
 
     Call ``after_backward(step)`` once the gradients of a step are complete (after the last
     micro-batch, after ``scaler.unscale_`` with fp16, before clipping). Pass ``optimizer`` to get
-    the update/parameter ratio (the watcher hooks the optimizer's step).
+    the update/parameter ratio: on measured steps the watcher copies the parameters (tables above
+    MAX_SNAPSHOT_NUMEL elements excepted) and hooks that optimizer's next step.
     """
 
-    def __init__(self, model: nn.Module, every: int = 50, optimizer: torch.optim.Optimizer | None = None):
+    def __init__(self, model: nn.Module, every: int = 100, optimizer: torch.optim.Optimizer | None = None):
         self.every = max(1, every)
         # DDP wraps the model as .module; names without the prefix read better.
         inner = getattr(model, "module", model)
@@ -114,11 +119,12 @@ class Watcher:
             self.layers.setdefault(_layer_of(name), []).append(index)
         # After an all-reduce every replica holds the same gradients: one rank reports.
         self.active = env_rank() == 0
-        self._snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._snapshot_step = -1
+        self._snapshot_norm = 0.0
         self.anomalies = 0
-        if optimizer is not None:
-            optimizer.register_step_post_hook(lambda opt, args, kwargs: self.after_step())
+        self.optimizer = optimizer
+        self._hook: Any = None
 
     def after_backward(self, step: int) -> None:
         if not self.active or step % self.every != 0:
@@ -126,49 +132,60 @@ class Watcher:
         self.measure(step)
 
     def measure(self, step: int) -> dict[str, float]:
-        norms: list[torch.Tensor] = []
         names: list[str] = []
+        grads: list[torch.Tensor] = []
         for name, param in self.named:
             if param.grad is not None:
-                norms.append(_grad_norm(param.grad))
                 names.append(name)
+                grads.append(param.grad)
         values: dict[str, float] = {}
-        if norms:
-            stacked = torch.stack(norms).cpu()
-            per_param = stacked.tolist()
-            total = float(torch.linalg.vector_norm(stacked))
-            values["grad_norm"] = total
-            by_name = dict(zip(names, per_param, strict=True))
-            bad = [n for n in names if not _finite(by_name[n])]
-            if bad:
-                self._report_anomaly(step, bad, by_name)
-            squares: dict[str, float] = {}
-            for name, value in by_name.items():
-                layer = _layer_of(name)
-                squares[layer] = squares.get(layer, 0.0) + value * value
-            for layer, square in squares.items():
-                values[f"grad_norm/{layer}"] = square**0.5
         with torch.no_grad():
-            param_norms = [torch.linalg.vector_norm(p.detach().float()) for _, p in self.named]
+            if grads:
+                per_param = _norms(grads).tolist()
+                total = sum(v * v for v in per_param) ** 0.5
+                values["grad_norm"] = total
+                by_name = dict(zip(names, per_param, strict=True))
+                bad = [n for n in names if not math.isfinite(by_name[n])]
+                if bad:
+                    self._report_anomaly(step, bad, by_name)
+                squares: dict[str, float] = {}
+                for name, value in by_name.items():
+                    layer = _layer_of(name)
+                    squares[layer] = squares.get(layer, 0.0) + value * value
+                for layer, square in squares.items():
+                    values[f"grad_norm/{layer}"] = square**0.5
+            params = [p.detach() for _, p in self.named]
+            param_norms = _norms(params).tolist() if params else []
             if param_norms:
-                values["param_norm"] = float(torch.linalg.vector_norm(torch.stack(param_norms)))
-        self._snapshot = [(p, p.detach().clone()) for _, p in self.named if p.numel() <= MAX_SNAPSHOT_NUMEL]
-        self._snapshot_step = step
+                values["param_norm"] = sum(v * v for v in param_norms) ** 0.5
+            if self.optimizer is not None:
+                kept = [i for i, p in enumerate(params) if p.numel() <= MAX_SNAPSHOT_NUMEL]
+                current = [params[i] for i in kept]
+                self._snapshot = (current, [p.clone() for p in current])
+                self._snapshot_norm = sum(param_norms[i] ** 2 for i in kept) ** 0.5
+                self._snapshot_step = step
+                if self._hook is None:
+                    # Hooked only while a snapshot waits: a registered hook costs every step a few us.
+                    self._hook = self.optimizer.register_step_post_hook(
+                        lambda opt, args, kwargs: self.after_step()
+                    )
         telemetry().metric(step, values, echo=False)
         return values
 
     def after_step(self) -> None:
         """Emits ||Δθ|| / ||θ|| for the step measured by the last ``after_backward``."""
         snapshot, self._snapshot = self._snapshot, None
-        if not snapshot:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if not snapshot or not snapshot[0]:
             return
+        current, before = snapshot
         with torch.no_grad():
-            delta = torch.stack([torch.linalg.vector_norm((p - old).float()) for p, old in snapshot])
-            before = torch.stack([torch.linalg.vector_norm(old.float()) for _, old in snapshot])
-            denominator = float(torch.linalg.vector_norm(before))
-            if denominator > 0:
-                ratio = float(torch.linalg.vector_norm(delta)) / denominator
-                telemetry().metric(self._snapshot_step, {"update_ratio": ratio}, echo=False)
+            delta = float(torch.linalg.vector_norm(_norms(list(torch._foreach_sub(current, before)))))
+        if self._snapshot_norm > 0:
+            ratio = delta / self._snapshot_norm
+            telemetry().metric(self._snapshot_step, {"update_ratio": ratio}, echo=False)
 
     def _report_anomaly(self, step: int, bad: list[str], by_name: dict[str, float]) -> None:
         self.anomalies += 1
@@ -180,7 +197,3 @@ class Watcher:
             f"non-finite gradient ({'/'.join(kinds)}) in layer {layer} at step {step}",
             {"step": step, "layer": layer, "parameters": bad[:20], "kind": kinds},
         )
-
-
-def _finite(value: float) -> bool:
-    return value == value and value not in (float("inf"), float("-inf"))

@@ -40,6 +40,10 @@ def stop_requested() -> bool:
     return _requested.is_set()
 
 
+def _in_group() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def should_stop(step: int | None = None, check_every: int = DEFAULT_CHECK_EVERY) -> bool:
     """True once a stop was requested; in a process group, every rank gets the same answer.
 
@@ -47,12 +51,14 @@ def should_stop(step: int | None = None, check_every: int = DEFAULT_CHECK_EVERY)
     another waits in a collective. With ``step`` given they only compare on every
     ``check_every``-th step (every rank must pass the same steps); without it, on every call.
     """
-    install_stop_handler()
+    if not _installed:
+        install_stop_handler()
     local = _requested.is_set()
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if step is not None and step % check_every != 0:
+        # Between agreement steps only a process without peers may act on its own flag.
+        return local and not _in_group()
+    if not _in_group():
         return local
-    if step is not None and step % max(1, check_every) != 0:
-        return False
     backend = dist.get_backend()
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     flag = torch.tensor([1.0 if local else 0.0], device=device)

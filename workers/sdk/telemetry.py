@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from workers import protocol
@@ -26,6 +27,9 @@ FLUSH_INTERVAL = 0.2
 DEFAULT_PRINT_EVERY = 10
 # SDK statistics that the printed line outside the console carries (the rest only go to the console).
 PRINTED_STATISTICS = ("step_time_s", "samples_per_s", "tokens_per_s", "grad_norm")
+
+
+_PLAIN = (float, int)
 
 
 def env_rank() -> int:
@@ -45,56 +49,71 @@ def _scalar(value: Any) -> float | int | None:
 
 
 class Telemetry:
-    """Buffered writer for one rank. ``path`` None means "not inside the console"."""
+    """Buffered writer for one rank. ``path`` None means "not inside the console".
+
+    The hot path (``metric``) appends one tuple to a deque (atomic in CPython, no lock) and
+    stamps the time; sequence numbers, scalar conversion and JSON are the flusher's work.
+    """
 
     def __init__(self, path: str | None, print_every: int, rank: int) -> None:
         self.path = path.replace("{rank}", str(rank)) if path else None
         self.print_every = print_every
         self.rank = rank
-        self._buffer: list[dict[str, Any]] = []
-        # _lock guards only the list swap, so the training thread never waits on serialising;
-        # _write_lock keeps flushes from two threads (timer and atexit) in order.
-        self._lock = threading.Lock()
+        self._queue: deque[tuple[str, int, float, Any]] = deque()
+        # Keeps flushes from two threads (timer and atexit) from interleaving their lines.
         self._write_lock = threading.Lock()
         self._seq: dict[str, int] = {}
+        self._keys: dict[str, str] = {}
         self._fd: int | None = None
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._closed = threading.Event()
-        self._pid = os.getpid()
         self._pending: dict[str, Any] = {}
+        os.register_at_fork(after_in_child=self._forget_thread)
 
     @property
     def enabled(self) -> bool:
         return self.path is not None
 
+    def _forget_thread(self) -> None:
+        # A forked child (DataLoader worker) has no flusher thread; it starts its own on first use.
+        self._started = False
+        self._queue.clear()
+        self._closed = threading.Event()
+
     def _start(self) -> None:
-        # Lazily, so importing the SDK costs nothing and a forked child starts its own thread.
         assert self.path is not None
+        self._started = True
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         # O_APPEND: several ranks may share one file; each flush is a single write of whole lines.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._thread = threading.Thread(target=self._run, name="trainyard-telemetry", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="trainyard-telemetry", daemon=True)
+        thread.start()
         atexit.register(self.close)
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Any record of the protocol; ``kind``, ``seq`` and ``t`` are filled in."""
         if self.path is None:
             return
-        if self._thread is None or self._pid != os.getpid():
-            self._pid = os.getpid()
+        if not self._started:
             self._start()
-        seq = self._seq.get(kind, 0) + 1
-        self._seq[kind] = seq
-        fields["kind"] = kind
-        fields["seq"] = seq
-        fields["t"] = time.time()
-        with self._lock:
-            self._buffer.append(fields)
+        self._queue.append((kind, fields.pop("step", -1), time.time(), fields))
 
     def metric(self, step: int, values: dict[str, Any], echo: bool = True) -> None:
         """``echo=False`` (SDK statistics): outside the console, shown only on the next printed line."""
         if self.path is not None:
-            self.emit("metric", step=step, values=values)
+            if not self._started:
+                self._start()
+            for name, value in values.items():
+                # CPU tensors become floats now: cheap, and a queue of dicts holding tensors makes
+                # the garbage collector's full passes far more frequent. CUDA tensors wait for the
+                # flusher, so the training thread never synchronises with the device.
+                if (
+                    type(value) not in _PLAIN
+                    and hasattr(value, "item")
+                    and not getattr(value, "is_cuda", False)
+                ):
+                    values[name] = value.item()
+            self._queue.append(("metric", step, time.time(), values))
             return
         if self.print_every <= 0 or self.rank != 0:
             return
@@ -115,21 +134,41 @@ class Telemetry:
             print(f"[trainyard {severity}] {event}: {message}", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
-        while not self._closed.wait(FLUSH_INTERVAL):
+        closed = self._closed
+        while not closed.wait(FLUSH_INTERVAL):
             self.flush()
+
+    def _key(self, name: str) -> str:
+        encoded = self._keys.get(name)
+        if encoded is None:
+            encoded = self._keys[name] = json.dumps(name)
+        return encoded
+
+    def _line(self, kind: str, step: int, t: float, payload: Any) -> str:
+        seq = self._seq.get(kind, 0) + 1
+        self._seq[kind] = seq
+        if kind == "metric":
+            # Formatted by hand: several times cheaper than json.dumps for the common record.
+            parts = []
+            for name, value in payload.items():
+                number = _scalar(value)
+                parts.append(f"{self._key(name)}:{'null' if number is None else repr(number)}")
+            values = ",".join(parts)
+            return f'{{"kind":"metric","seq":{seq},"t":{t:.6f},"step":{step},"values":{{{values}}}}}'
+        record = {"kind": kind, "seq": seq, "t": round(t, 6)}
+        if step != -1:
+            record["step"] = step
+        record.update(payload)
+        return json.dumps(record, separators=(",", ":"), default=str)
 
     def flush(self) -> None:
         with self._write_lock:
-            with self._lock:
-                if not self._buffer or self._fd is None:
-                    return
-                batch, self._buffer = self._buffer, []
+            if self._fd is None or not self._queue:
+                return
             lines = []
-            for record in batch:
-                values = record.get("values")
-                if values is not None:
-                    record["values"] = {k: _scalar(v) for k, v in values.items()}
-                lines.append(json.dumps(record, separators=(",", ":")))
+            queue = self._queue
+            while queue:
+                lines.append(self._line(*queue.popleft()))
             data = ("\n".join(lines) + "\n").encode()
             view = memoryview(data)
             while view:

@@ -58,7 +58,7 @@ def _common(batch_size: int, lr: float, steps: int) -> dict[str, Hyperparameter]
         "checkpoint_every": Hyperparameter(100, int, "steps between checkpoints (0 = only on stop/end)", 0),
         "grad_clip": Hyperparameter(1.0, float, "clip the global gradient norm to this (0 = off)", 0),
         "log_every": Hyperparameter(10, int, "steps between loss/metric records", 1),
-        "watch_every": Hyperparameter(50, int, "steps between gradient/parameter statistics", 1),
+        "watch_every": Hyperparameter(100, int, "steps between gradient/parameter statistics", 1),
         "seed": Hyperparameter(0, int, "seed of the model and the data order"),
     }
 

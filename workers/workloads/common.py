@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -174,36 +173,34 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     for step in range(start + 1, hp["steps"] + 1):
         model.train()
         samples = tokens = 0
-        started = time.perf_counter()
-        for micro in range(accum):
-            batch = task.batch(step, micro)
-            samples += task.samples(batch)
-            tokens += task.tokens(batch)
-            # All-reduce only on the last micro-batch: the earlier ones just accumulate.
-            sync = ddp.no_sync() if ddp is not None and micro < accum - 1 else _nothing()
-            with sync:
-                with runtime.autocast():
-                    loss = task.loss(wrapped, batch) / accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            window_loss += loss.detach().float()
-        if scaler is not None:
-            for optimizer in optimizers:
-                scaler.unscale_(optimizer)
-        watcher.after_backward(step)
-        if hp["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(task.clip_parameters(), hp["grad_clip"])
-        for optimizer in optimizers:
+        with timer(step):
+            for micro in range(accum):
+                batch = task.batch(step, micro)
+                samples += task.samples(batch)
+                tokens += task.tokens(batch)
+                # All-reduce only on the last micro-batch: the earlier ones just accumulate.
+                sync = ddp.no_sync() if ddp is not None and micro < accum - 1 else _nothing()
+                with sync:
+                    with runtime.autocast():
+                        loss = task.loss(wrapped, batch) / accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                window_loss += loss.detach().float()
             if scaler is not None:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
-        if scaler is not None:
-            scaler.update()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        timer.done(
-            step, time.perf_counter() - started, samples * runtime.world_size, tokens * runtime.world_size
-        )
+                for optimizer in optimizers:
+                    scaler.unscale_(optimizer)
+            watcher.after_backward(step)
+            if hp["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(task.clip_parameters(), hp["grad_clip"])
+            for optimizer in optimizers:
+                if scaler is not None:
+                    scaler.step(optimizer)
+                else:
+                    optimizer.step()
+            if scaler is not None:
+                scaler.update()
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            timer.count(samples * runtime.world_size, tokens * runtime.world_size)
         window_steps += 1
 
         if step % hp["log_every"] == 0 or step == start + 1 or step == hp["steps"]:

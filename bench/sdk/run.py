@@ -1,0 +1,227 @@
+"""SDK cost: overhead on the digits workload's step, and asynchronous checkpoint blocking time.
+
+    .venv/bin/python bench/sdk/run.py [--pairs 31] [--steps 200] [--reps 5]
+
+1. Overhead: the digits-mlp training step (its model, data, Adam, clipping; one process, CPU),
+   run as ``pairs`` interleaved pairs of ``steps``-step runs, one without SDK calls and one with
+   the calls a script makes every step: ``with sdk.step(...)``, ``watcher.after_backward``
+   (statistics every 100 steps, the workload's default), ``sdk.log(step, loss=...)`` and
+   ``sdk.should_stop(step)``, with telemetry written to a file as inside the console. The
+   overhead is the median over pairs of (mean step time with / without - 1), as a percentage.
+2. Checkpoints: a 134 MB model state (two 4096x4096 fp32 layers). Plain ``torch.save`` to a
+   file against ``AsyncCheckpointer.save`` (the time the training loop is blocked: the copy into
+   host buffers); medians of ``reps`` saves, the asynchronous one in steady state (buffers
+   allocated by a first save that is reported apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+TELEMETRY_DIR = Path(tempfile.mkdtemp(prefix="trainyard-bench-sdk-"))
+# Before the SDK is imported: it reads the environment on first use.
+os.environ["TRAINYARD_TELEMETRY"] = str(TELEMETRY_DIR / "telemetry.jsonl")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from workers import sdk  # noqa: E402
+from workers.workloads.catalog import validate_hyperparameters  # noqa: E402
+from workers.workloads.common import Runtime  # noqa: E402
+from workers.workloads.digits import DigitsTask  # noqa: E402
+
+
+def digits_run(
+    task: DigitsTask,
+    optimizer: torch.optim.Optimizer,
+    watcher: sdk.Watcher | None,
+    steps: int,
+    first: int,
+) -> float:
+    """Runs ``steps`` steps, with the SDK calls when ``watcher`` is given; returns the mean step time.
+
+    The mean, not the median: the watcher's statistics every 100 steps are part of the cost.
+    """
+    times = []
+    model = task.model
+    batches = [task.batch(first + i, 0) for i in range(steps)]
+    for offset in range(steps):
+        step = first + offset
+        started = time.perf_counter()
+        if watcher is not None:
+            with sdk.step(step, samples=64):
+                loss = task.loss(model, batches[offset])
+                loss.backward()
+                watcher.after_backward(step)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            sdk.log(step, loss=loss.detach())
+            sdk.should_stop(step)
+        else:
+            loss = task.loss(model, batches[offset])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - started)
+    return statistics.fmean(times)
+
+
+def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
+    hp = validate_hyperparameters("digits-mlp", {})
+    runtime = Runtime(0, 0, 1, torch.device("cpu"), False, "fp32", 1)
+    task = DigitsTask(hp, runtime)
+    optimizer = torch.optim.Adam(task.model.parameters(), lr=hp["lr"])
+    # The watcher hooks the optimizer's step; the runs without the SDK keep that hook (it returns
+    # at once when no statistics are due), so the comparison is of the per-step calls alone.
+    watcher = sdk.watch(task.model, every=hp["watch_every"], optimizer=optimizer)
+    digits_run(task, optimizer, watcher, steps, 1)  # warm-up: allocator, telemetry thread
+    digits_run(task, optimizer, None, steps, 1)
+    plain, with_sdk, ratios = [], [], []
+    first = 1
+    for pair in range(pairs):
+        # Alternate the order so drift in machine load hits both sides alike; the ratio within a
+        # pair (two runs a fraction of a second apart) cancels slower changes of the load.
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        means = {}
+        for flag in order:
+            means[flag] = digits_run(task, optimizer, watcher if flag else None, steps, first)
+            first += steps
+        plain.append(means[False])
+        with_sdk.append(means[True])
+        ratios.append(means[True] / means[False])
+    return statistics.median(plain), statistics.median(with_sdk), (statistics.median(ratios) - 1) * 100
+
+
+def measure_call_cost(reps: int = 7, steps: int = 2000) -> float:
+    """The SDK calls of one step alone (same sequence, real gradients), mean seconds per step.
+
+    On a shared machine the A/B comparison above carries noise of a few percent; this isolates
+    the calls themselves, including the watcher's statistics every 100 steps.
+    """
+    hp = validate_hyperparameters("digits-mlp", {})
+    task = DigitsTask(hp, Runtime(0, 0, 1, torch.device("cpu"), False, "fp32", 1))
+    optimizer = torch.optim.Adam(task.model.parameters(), lr=hp["lr"])
+    task.loss(task.model, task.batch(1, 0)).backward()
+    watcher = sdk.watch(task.model, every=hp["watch_every"], optimizer=optimizer)
+    loss = torch.tensor(0.5)
+    means = []
+    for rep in range(reps):
+        started = time.perf_counter()
+        for step in range(rep * steps + 1, (rep + 1) * steps + 1):
+            with sdk.step(step, samples=64):
+                watcher.after_backward(step)
+                if step % watcher.every == 0:
+                    watcher.after_step()  # what the optimizer hook runs
+            sdk.log(step, loss=loss)
+            sdk.should_stop(step)
+        means.append((time.perf_counter() - started) / steps)
+    return statistics.median(means)
+
+
+def big_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096))
+    return model.state_dict()
+
+
+def measure_checkpoints(reps: int, directory: Path) -> dict[str, float]:
+    state = big_state()
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    plain = []
+    for rep in range(reps):
+        path = directory / f"plain-{rep}.pt"
+        started = time.perf_counter()
+        torch.save(state, path)
+        plain.append(time.perf_counter() - started)
+        path.unlink()
+    atomic = []
+    for rep in range(reps):
+        started = time.perf_counter()
+        sdk.save(state, rep, directory=directory / "sync", keep=1)
+        atomic.append(time.perf_counter() - started)
+    checkpointer = sdk.AsyncCheckpointer(directory / "async", keep=1)
+    checkpointer.save(state, 0)
+    first_async = checkpointer.last_blocking_ms
+    checkpointer.wait()
+    blocking = []
+    for rep in range(1, reps + 1):
+        with torch.no_grad():
+            for tensor in state.values():
+                tensor.add_(1.0)  # the model moves on between checkpoints
+        checkpointer.save(state, rep)
+        blocking.append(checkpointer.last_blocking_ms)
+        checkpointer.wait()
+    return {
+        "state_mb": size / 1e6,
+        "torch_save_ms": statistics.median(plain) * 1000,
+        "atomic_save_ms": statistics.median(atomic) * 1000,
+        "async_first_blocking_ms": first_async,
+        "async_blocking_ms": statistics.median(blocking),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=61)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    base, instrumented, overhead = measure_overhead(args.pairs, args.steps)
+    call_cost = measure_call_cost()
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-ckpt-", dir=TELEMETRY_DIR) as scratch:
+        checkpoints = measure_checkpoints(args.reps, Path(scratch))
+    sdk.flush()
+    shutil.rmtree(TELEMETRY_DIR, ignore_errors=True)
+    ratio = checkpoints["async_blocking_ms"] / checkpoints["torch_save_ms"]
+
+    print(f"SDK overhead, digits-mlp step (1 process, CPU), {args.pairs} pairs x {args.steps} steps")
+    print(f"  {'step without SDK (median of means)':<34}{base * 1e6:>10.1f} us")
+    print(f"  {'step with SDK calls':<34}{instrumented * 1e6:>10.1f} us")
+    print(f"  {'overhead (median of pair ratios)':<34}{overhead:>10.2f} %")
+    print(f"  {'SDK calls alone, per step':<34}{call_cost * 1e6:>10.1f} us")
+    print(f"  {'  as share of the plain step':<34}{call_cost / base * 100:>10.2f} %")
+    print(f"Checkpoint of a {checkpoints['state_mb']:.0f} MB state, medians of {args.reps}")
+    print(f"  {'torch.save (plain)':<34}{checkpoints['torch_save_ms']:>10.1f} ms")
+    print(f"  {'sdk.save (atomic, fsync)':<34}{checkpoints['atomic_save_ms']:>10.1f} ms")
+    print(
+        f"  {'async save, first (allocates)':<34}{checkpoints['async_first_blocking_ms']:>10.1f} ms blocked"
+    )
+    print(f"  {'async save, steady state':<34}{checkpoints['async_blocking_ms']:>10.1f} ms blocked")
+    print(f"  {'async / torch.save':<34}{ratio:>10.3f}")
+    print(
+        json.dumps(
+            {
+                "sdk_overhead_percent": round(overhead, 3),
+                "step_us_without_sdk": round(base * 1e6, 1),
+                "step_us_with_sdk": round(instrumented * 1e6, 1),
+                "sdk_calls_us_per_step": round(call_cost * 1e6, 2),
+                "sdk_calls_percent": round(call_cost / base * 100, 3),
+                "torch_save_ms": round(checkpoints["torch_save_ms"], 1),
+                "atomic_save_ms": round(checkpoints["atomic_save_ms"], 1),
+                "async_first_blocking_ms": round(checkpoints["async_first_blocking_ms"], 1),
+                "async_blocking_ms": round(checkpoints["async_blocking_ms"], 1),
+                "async_blocking_ratio": round(ratio, 4),
+                "state_mb": round(checkpoints["state_mb"], 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
