@@ -173,11 +173,10 @@ HEARTBEAT_INTERVAL = envfloat("TRAINYARD_HEARTBEAT_INTERVAL", 2.0)
 HEARTBEAT_MISSES = envint("TRAINYARD_HEARTBEAT_MISSES", 3, minimum=1)
 CONTROLLER_TICK = envfloat("TRAINYARD_CONTROLLER_TICK", 1.0)
 
-# Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are rolled up into
-# buckets of METRIC_ROLLUP_STEPS steps (min/max/mean kept); log lines older than
-# LOG_RETENTION_DAYS are deleted. 0 keeps forever. Applied by the task trainyard.telemetry.rollup.
+# Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are deleted and only
+# their 100-step rollups (min/max/mean/count) stay; log lines older than LOG_RETENTION_DAYS are
+# deleted. 0 keeps forever. Applied by the task trainyard.telemetry.rollup.
 METRIC_RETENTION_DAYS = envint("TRAINYARD_METRIC_RETENTION_DAYS", 30, minimum=0)
-METRIC_ROLLUP_STEPS = envint("TRAINYARD_METRIC_ROLLUP_STEPS", 100, minimum=1)
 LOG_RETENTION_DAYS = envint("TRAINYARD_LOG_RETENTION_DAYS", 30, minimum=0)
 
 LOGGING = {

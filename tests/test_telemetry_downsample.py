@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import random
-from datetime import UTC, datetime
+import time
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from rest_framework.test import APIClient
 
 from console.jobs.models import Job
 from console.telemetry.downsample import query_series, thin_points
-from console.telemetry.models import Metric
+from console.telemetry.ingest import store_metrics
+from console.telemetry.models import ROLLUP_STEPS
 
 
 def test_thin_points_keeps_bucket_extremes_and_the_newest_point() -> None:
@@ -33,29 +35,19 @@ def test_thin_points_keeps_bucket_extremes_and_the_newest_point() -> None:
 
 
 @pytest.fixture
-def series_job(db: None) -> tuple[Job, dict[tuple[int, int], float]]:
+def series_job(transactional_db: None) -> tuple[Job, dict[tuple[int, int], float]]:
     job = Job.objects.create(name="ds", workload="mlp", round_number=1)
     rng = random.Random(3)
     values: dict[tuple[int, int], float] = {}
     rows = []
-    now = datetime.now(UTC)
+    t = time.time()
     for rank in (0, 1):
         for step in range(0, 20_000, 2):  # every other step: buckets must not assume density
             value = rng.uniform(-1, 1) + (50.0 if (rank, step) == (1, 13_332) else 0.0)
             values[(rank, step)] = value
-            rows.append(
-                Metric(
-                    job=job,
-                    round_number=1,
-                    rank=rank,
-                    seq=step,
-                    step=step,
-                    name="loss",
-                    value=value,
-                    time=now,
-                )
-            )
-    Metric.objects.bulk_create(rows, batch_size=5000)
+            rows.append((job.pk, 1, rank, step, step, "loss", value, t))
+    with transaction.atomic():
+        store_metrics(rows, replay=False)
     return job, values
 
 
@@ -79,6 +71,21 @@ def test_query_series_buckets_hold_exact_min_max_mean_count(
     only_rank0 = query_series(job.pk, "loss", points=50, rank=0)
     assert sum(b.count for b in only_rank0) == 10_000
     assert max(b.max for b in only_rank0) < 2
+
+
+def test_wide_ranges_come_from_tiles_with_exact_extremes(
+    series_job: tuple[Job, dict[tuple[int, int], float]],
+) -> None:
+    job, values = series_job
+    # 20,000 steps into 50 buckets: 400 steps each, i.e. whole tiles
+    buckets = query_series(job.pk, "loss", points=50)
+    assert len(buckets) <= 50
+    assert sum(b.count for b in buckets) == len(values)
+    for b in buckets:
+        assert b.step % ROLLUP_STEPS == 0
+        inside = [v for (_, step), v in values.items() if b.step <= step <= b.last_step]
+        assert (b.min, b.max, b.count) == (min(inside), max(inside), len(inside))
+        assert b.mean == pytest.approx(sum(inside) / len(inside))
 
 
 def test_metrics_api_downsamples_and_validates(

@@ -324,8 +324,70 @@ def bench_downsample(points: int) -> tuple[float, int]:
     return statistics.median(timings), len(buckets)
 
 
+def live_phases(
+    phases: set[str],
+    figures: dict[str, Any],
+    *,
+    cookie: str,
+    redis_url: str,
+    env: dict[str, str],
+    procs: Processes,
+    tmp: Path,
+) -> None:
+    """Latency with one client, then fan-out to FANOUT_CLIENTS, through daphne and ingest."""
+    from console.jobs.models import Job
+
+    logs = tmp / "logs"
+    ws_port = free_port()
+    daphne = str(Path(sys.executable).parent / "daphne")
+    procs.start(
+        [daphne, "-b", "127.0.0.1", "-p", str(ws_port), "console.asgi:application"], env, logs / "daphne.log"
+    )
+    procs.start(
+        [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"], env, logs / "ingest-live.log"
+    )
+    wait_port(ws_port)
+    common: dict[str, Any] = {"cookie": cookie, "ws_port": ws_port, "redis_url": redis_url, "env": env}
+
+    if "latency" in phases:
+        job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
+        (tmp / "latency").mkdir()
+        (single,) = live_phase(
+            job.pk, 1, LATENCY_SECONDS, procs=procs, logs=logs, workdir=tmp / "latency", **common
+        )
+        lat = [x * 1000 for x in single["latencies"]]
+        figures["latency_p50_ms"] = round(percentile(lat, 50), 1)
+        figures["latency_p95_ms"] = round(percentile(lat, 95), 1)
+        print(
+            f"latency: p50 {figures['latency_p50_ms']} ms p95 {figures['latency_p95_ms']} ms "
+            f"({len(lat)} points, {single['frames']} frames)",
+            flush=True,
+        )
+
+    if "fanout" in phases:
+        job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
+        (tmp / "fanout").mkdir()
+        many = live_phase(
+            job.pk, FANOUT_CLIENTS, FANOUT_SECONDS, procs=procs, logs=logs, workdir=tmp / "fanout", **common
+        )
+        all_lat = [x * 1000 for r in many for x in r["latencies"]]
+        figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)
+        figures["fanout_p95_ms"] = round(percentile(all_lat, 95), 1)
+        figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
+        figures["fanout_gaps"] = sum(r["gaps"] for r in many)
+        figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
+        lasts = sorted({r["last"] for r in many}, key=str)
+        print(
+            f"fanout: {figures['fanout_clients']} clients p50 {figures['fanout_p50_ms']} ms "
+            f"p95 {figures['fanout_p95_ms']} ms, gaps {figures['fanout_gaps']}, "
+            f"median {figures['fanout_frames_per_client']} frames/client, last frame numbers {lasts[:5]}",
+            flush=True,
+        )
+    procs.stop_all()
+
+
 # --- main ------------------------------------------------------------------------------------
-def main() -> None:
+def main(phases: set[str]) -> None:
     import psycopg
 
     redis_port = free_port()
@@ -364,85 +426,21 @@ def main() -> None:
         user = User.objects.create_user("bench", password="bench-pw-1")
         cookie = session_cookie(user)
 
-        rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
-        figures["ingest_points_per_s"] = round(bench_ingest_rate(rate_job.pk, redis_url, env, procs, logs))
-        print(f"ingest: {figures['ingest_points_per_s']:,} points/s", flush=True)
-
-        ws_port = free_port()
-        daphne = procs.start(
-            [
-                str(Path(sys.executable).parent / "daphne"),
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(ws_port),
-                "console.asgi:application",
-            ],
-            env,
-            logs / "daphne.log",
-        )
-        procs.start(
-            [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"], env, logs / "ingest-live.log"
-        )
-        wait_port(ws_port)
-
-        live_job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
-        (tmp / "latency").mkdir()
-        (single,) = live_phase(
-            live_job.pk,
-            1,
-            LATENCY_SECONDS,
-            cookie=cookie,
-            ws_port=ws_port,
-            redis_url=redis_url,
-            env=env,
-            procs=procs,
-            logs=logs,
-            workdir=tmp / "latency",
-        )
-        lat = [x * 1000 for x in single["latencies"]]
-        figures["latency_p50_ms"] = round(percentile(lat, 50), 1)
-        figures["latency_p95_ms"] = round(percentile(lat, 95), 1)
-        print(
-            f"latency: p50 {figures['latency_p50_ms']} ms p95 {figures['latency_p95_ms']} ms "
-            f"({len(lat)} points, {single['frames']} frames)",
-            flush=True,
-        )
-
-        fan_job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
-        (tmp / "fanout").mkdir()
-        many = live_phase(
-            fan_job.pk,
-            FANOUT_CLIENTS,
-            FANOUT_SECONDS,
-            cookie=cookie,
-            ws_port=ws_port,
-            redis_url=redis_url,
-            env=env,
-            procs=procs,
-            logs=logs,
-            workdir=tmp / "fanout",
-        )
-        all_lat = [x * 1000 for r in many for x in r["latencies"]]
-        figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)
-        figures["fanout_p95_ms"] = round(percentile(all_lat, 95), 1)
-        figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
-        figures["fanout_gaps"] = sum(r["gaps"] for r in many)
-        lasts = {r["last"] for r in many}
-        figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
-        print(
-            f"fanout: {figures['fanout_clients']} clients p95 {figures['fanout_p95_ms']} ms, "
-            f"gaps {figures['fanout_gaps']}, last frame numbers {sorted(lasts, key=str)[:5]}",
-            flush=True,
-        )
-        procs.stop(daphne)
-        procs.stop_all()
-
-        ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
-        figures["downsample_1m_ms"] = round(ms, 1)
-        print(
-            f"downsample: {DOWNSAMPLE_POINTS:,} -> {nbuckets} buckets in {ms:.1f} ms (median of {DOWNSAMPLE_RUNS})"
-        )
+        if "ingest" in phases:
+            rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
+            figures["ingest_points_per_s"] = round(
+                bench_ingest_rate(rate_job.pk, redis_url, env, procs, logs)
+            )
+            print(f"ingest: {figures['ingest_points_per_s']:,} points/s", flush=True)
+        if phases & {"latency", "fanout"}:
+            live_phases(phases, figures, cookie=cookie, redis_url=redis_url, env=env, procs=procs, tmp=tmp)
+        if "downsample" in phases:
+            ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
+            figures["downsample_1m_ms"] = round(ms, 1)
+            print(
+                f"downsample: {DOWNSAMPLE_POINTS:,} -> {nbuckets} buckets in {ms:.1f} ms "
+                f"(median of {DOWNSAMPLE_RUNS})"
+            )
     finally:
         procs.stop_all()
         redis_server.stop()
@@ -450,14 +448,18 @@ def main() -> None:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
 
+    def fig(key: str, unit: str = "") -> str:
+        return f"{figures[key]:,}{unit}" if key in figures else "-"
+
     rows = [
-        ("sustained ingest into PostgreSQL", f"{figures['ingest_points_per_s']:,} points/s", ">= 50,000"),
-        ("append -> websocket p50 @10k pts/s", f"{figures['latency_p50_ms']} ms", ""),
-        ("append -> websocket p95 @10k pts/s", f"{figures['latency_p95_ms']} ms", "<= 250"),
-        ("fan-out clients (received frames)", f"{figures['fanout_clients']} / {FANOUT_CLIENTS}", "200"),
-        ("fan-out p50 / p95", f"{figures['fanout_p50_ms']} / {figures['fanout_p95_ms']} ms", "p95 <= 250"),
-        ("fan-out frame gaps (all clients)", str(figures["fanout_gaps"]), "0"),
-        ("downsample 1M -> 1,000 (median)", f"{figures['downsample_1m_ms']} ms", "<= 100"),
+        ("sustained ingest into PostgreSQL", fig("ingest_points_per_s", " points/s"), ">= 50,000"),
+        ("append -> websocket p50 @10k pts/s", fig("latency_p50_ms", " ms"), ""),
+        ("append -> websocket p95 @10k pts/s", fig("latency_p95_ms", " ms"), "<= 250"),
+        ("fan-out clients receiving frames", f"{fig('fanout_clients')} / {FANOUT_CLIENTS}", "200"),
+        ("fan-out p50 @10k pts/s", fig("fanout_p50_ms", " ms"), ""),
+        ("fan-out p95 @10k pts/s", fig("fanout_p95_ms", " ms"), "<= 250"),
+        ("fan-out frame gaps (all clients)", fig("fanout_gaps"), "0"),
+        ("downsample 1M -> 1,000 (median)", fig("downsample_1m_ms", " ms"), "<= 100"),
     ]
     print()
     print(f"{'measure':40} {'result':>24}  target")
@@ -472,7 +474,7 @@ def main() -> None:
         "fanout_gaps",
         "downsample_1m_ms",
     ]
-    print(json.dumps({k: figures[k] for k in keys}))
+    print(json.dumps({k: figures.get(k) for k in keys}))
 
 
 if __name__ == "__main__":
@@ -481,8 +483,11 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--redis")
+    parser.add_argument(
+        "--phases", default="ingest,latency,fanout,downsample", help="comma-separated subset to run"
+    )
     args = parser.parse_args()
     if args.produce is not None:
         produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
     else:
-        main()
+        main(set(args.phases.split(",")))

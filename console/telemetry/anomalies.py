@@ -72,15 +72,22 @@ class StepEpisode:
         return new
 
 
+# Medians are recomputed every so many points, not on each: at 50,000 points/s the detectors
+# must cost a few microseconds a point. A spike or drop is still caught at the point it happens;
+# only the reference it is compared with lags by a few points.
+GRAD_MEDIAN_EVERY = 10
+DROP_CHECK_EVERY = 5
+# Straggler checks run at most this often per rank, by the rank's clock.
+STRAGGLER_CHECK_SECONDS = 1.0
+
+
 @dataclass
 class RankTiming:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_SMOOTHING))
+    current: float = 0.0
+    checked_at: float = -math.inf
     slow_since: float | None = None
     reported: bool = False
-
-    @property
-    def current(self) -> float:
-        return statistics.median(self.recent)
 
 
 @dataclass
@@ -88,6 +95,9 @@ class RoundState:
     loss: StepEpisode = field(default_factory=StepEpisode)
     grad: StepEpisode = field(default_factory=StepEpisode)
     grad_window: deque[float] = field(default_factory=lambda: deque(maxlen=GRAD_WINDOW))
+    grad_median: float | None = None
+    grad_added: int = 0
+    throughput_added: int = 0
     timings: dict[int, RankTiming] = field(default_factory=dict)
     throughput: deque[float] = field(default_factory=lambda: deque(maxlen=DROP_BASELINE + DROP_RECENT))
     drop_baseline: float | None = None  # frozen baseline while a drop episode is open
@@ -99,10 +109,12 @@ class AnomalyDetector:
 
     def __init__(self) -> None:
         self.rounds: dict[tuple[int, int], RoundState] = {}
+        self._last: tuple[tuple[int, int], RoundState] | None = None
 
     def forget_job(self, job_id: int) -> None:
         for key in [k for k in self.rounds if k[0] == job_id]:
             del self.rounds[key]
+        self._last = None
 
     def observe(
         self, job_id: int, round_number: int, rank: int, step: int, name: str, value: float, t: float
@@ -119,12 +131,16 @@ class AnomalyDetector:
 
     def _state(self, job_id: int, round_number: int) -> RoundState:
         key = (job_id, round_number)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
         state = self.rounds.get(key)
         if state is None:
             # A new round supersedes the job's older ones; their state is no longer useful.
             for old in [k for k in self.rounds if k[0] == job_id and k[1] < round_number]:
                 del self.rounds[old]
+            self._last = None
             state = self.rounds[key] = RoundState()
+        self._last = (key, state)
         return state
 
     def _loss(self, job_id: int, round_number: int, rank: int, step: int, value: float) -> Anomaly | None:
@@ -144,11 +160,16 @@ class AnomalyDetector:
     def _grad(self, job_id: int, round_number: int, rank: int, step: int, value: float) -> Anomaly | None:
         state = self._state(job_id, round_number)
         window = state.grad_window
-        median = statistics.median(window) if len(window) >= GRAD_MIN_SAMPLES else None
+        median = state.grad_median
         spike = median is not None and math.isfinite(value) and value > GRAD_SPIKE_FACTOR * median
         if not spike and math.isfinite(value):
             # Spikes stay out of the window so that a burst of them cannot raise the bar.
             window.append(value)
+            state.grad_added += 1
+            if len(window) >= GRAD_MIN_SAMPLES and (
+                median is None or state.grad_added % GRAD_MEDIAN_EVERY == 0
+            ):
+                state.grad_median = statistics.median(window)
         if not state.grad.observe(step, spike) or median is None:
             return None
         return Anomaly(
@@ -170,8 +191,14 @@ class AnomalyDetector:
         if not math.isfinite(value):
             return None
         state = self._state(job_id, round_number)
-        timing = state.timings.setdefault(rank, RankTiming())
+        timing = state.timings.get(rank)
+        if timing is None:
+            timing = state.timings[rank] = RankTiming()
         timing.recent.append(value)
+        if t - timing.checked_at < STRAGGLER_CHECK_SECONDS:
+            return None
+        timing.checked_at = t
+        timing.current = statistics.median(timing.recent)
         others = [tm.current for r, tm in state.timings.items() if r != rank and tm.recent]
         if not others:
             return None
@@ -205,7 +232,8 @@ class AnomalyDetector:
         state = self._state(job_id, round_number)
         history = state.throughput
         history.append(value)
-        if len(history) < DROP_BASELINE + DROP_RECENT:
+        state.throughput_added += 1
+        if len(history) < DROP_BASELINE + DROP_RECENT or state.throughput_added % DROP_CHECK_EVERY:
             return None
         values = list(history)
         recent = statistics.median(values[-DROP_RECENT:])

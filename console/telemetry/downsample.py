@@ -12,8 +12,11 @@ from typing import Any
 
 from django.db import connection
 
+from console.telemetry.models import ROLLUP_STEPS
+
 DEFAULT_QUERY_POINTS = 1000
 MAX_QUERY_POINTS = 10000
+MAX_STEP = 2**62
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -66,92 +69,62 @@ class Bucket:
 
 
 def series_names(job_id: int) -> list[str]:
-    """Distinct metric names of a job by skipping through the (job, name, step) index, which stays
-    fast with millions of points where a plain DISTINCT would read them all."""
+    """Distinct metric names of a job. Every stored point has a tile, so the tiles know every
+    name; skipping through their (job, name, bucket_step) index stays fast on long runs where a
+    plain DISTINCT would read everything."""
     sql = """
         WITH RECURSIVE names(name) AS (
-            (SELECT name FROM telemetry_metric WHERE job_id = %(job)s ORDER BY name LIMIT 1)
+            (SELECT name FROM telemetry_metricrollup WHERE job_id = %(job)s ORDER BY name LIMIT 1)
             UNION ALL
-            SELECT (SELECT m.name FROM telemetry_metric m
-                    WHERE m.job_id = %(job)s AND m.name > names.name ORDER BY m.name LIMIT 1)
+            SELECT (SELECT r.name FROM telemetry_metricrollup r
+                    WHERE r.job_id = %(job)s AND r.name > names.name ORDER BY r.name LIMIT 1)
             FROM names WHERE names.name IS NOT NULL
         )
         SELECT name FROM names WHERE name IS NOT NULL
-        UNION
-        SELECT DISTINCT name FROM telemetry_metricrollup WHERE job_id = %(job)s
     """
     with connection.cursor() as cur:
         cur.execute(sql, {"job": job_id})
-        return sorted(row[0] for row in cur.fetchall())
+        return [row[0] for row in cur.fetchall()]
 
 
-def _step_bounds(job_id: int, name: str, start: int | None, end: int | None) -> tuple[int, int] | None:
-    lo = 0 if start is None else start
-    hi = 2**62 if end is None else end
-    sql = """
-        SELECT min(s), max(s) FROM (
-            (SELECT step AS s FROM telemetry_metric WHERE job_id = %(job)s AND name = %(name)s
-                AND step BETWEEN %(lo)s AND %(hi)s ORDER BY step LIMIT 1)
-            UNION ALL
-            (SELECT step FROM telemetry_metric WHERE job_id = %(job)s AND name = %(name)s
-                AND step BETWEEN %(lo)s AND %(hi)s ORDER BY step DESC LIMIT 1)
-            UNION ALL
-            (SELECT bucket_step FROM telemetry_metricrollup WHERE job_id = %(job)s AND name = %(name)s
-                AND bucket_step BETWEEN %(lo)s AND %(hi)s ORDER BY bucket_step LIMIT 1)
-            UNION ALL
-            (SELECT bucket_step FROM telemetry_metricrollup WHERE job_id = %(job)s AND name = %(name)s
-                AND bucket_step BETWEEN %(lo)s AND %(hi)s ORDER BY bucket_step DESC LIMIT 1)
-        ) b
-    """
-    with connection.cursor() as cur:
-        cur.execute(sql, {"job": job_id, "name": name, "lo": lo, "hi": hi})
-        row = cur.fetchone()
-    if row is None or row[0] is None:
-        return None
-    return int(row[0]), int(row[1])
-
-
-def query_series(
-    job_id: int,
-    name: str,
-    *,
-    start: int | None = None,
-    end: int | None = None,
-    points: int = DEFAULT_QUERY_POINTS,
-    rank: int | None = None,
-) -> list[Bucket]:
-    """A series as at most ``points`` buckets of equal step width (min/max/mean/count each),
-    aggregated in PostgreSQL over raw points and rolled-up buckets alike."""
-    bounds = _step_bounds(job_id, name, start, end)
-    if bounds is None:
-        return []
-    lo, hi = bounds
-    span = hi - lo + 1
+def _bounds(job_id: int, name: str, lo: int, hi: int, rank: int | None) -> tuple[int, int] | None:
+    """First and last step with data in [lo, hi], from raw points and tiles (raw points may be
+    gone past retention; a tile's start stands in for its first step)."""
     rank_filter = "" if rank is None else "AND rank = %(rank)s"
     sql = f"""
-        SELECT min(step), max(last_step), min(lo), max(hi), sum(total), sum(n)
-        FROM (
-            SELECT step, step AS last_step, value AS lo, value AS hi, value AS total, 1 AS n
-            FROM telemetry_metric
-            WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(lo)s AND %(hi)s {rank_filter}
-            UNION ALL
-            SELECT bucket_step, last_step, min_value, max_value, total, count
-            FROM telemetry_metricrollup
-            WHERE job_id = %(job)s AND name = %(name)s AND bucket_step BETWEEN %(lo)s AND %(hi)s
-                {rank_filter}
-        ) p
-        GROUP BY (step - %(lo)s) * %(points)s / %(span)s
-        ORDER BY 1
+        SELECT
+            (SELECT step FROM telemetry_metric WHERE job_id = %(job)s AND name = %(name)s
+                AND step BETWEEN %(lo)s AND %(hi)s {rank_filter} ORDER BY step LIMIT 1),
+            (SELECT step FROM telemetry_metric WHERE job_id = %(job)s AND name = %(name)s
+                AND step BETWEEN %(lo)s AND %(hi)s {rank_filter} ORDER BY step DESC LIMIT 1),
+            (SELECT bucket_step FROM telemetry_metricrollup WHERE job_id = %(job)s AND name = %(name)s
+                AND bucket_step BETWEEN %(tile_lo)s AND %(hi)s AND last_step >= %(lo)s {rank_filter}
+                ORDER BY bucket_step LIMIT 1),
+            (SELECT last_step FROM telemetry_metricrollup WHERE job_id = %(job)s AND name = %(name)s
+                AND bucket_step BETWEEN %(tile_lo)s AND %(hi)s AND last_step >= %(lo)s {rank_filter}
+                ORDER BY bucket_step DESC LIMIT 1)
     """
     params: dict[str, Any] = {
         "job": job_id,
         "name": name,
         "lo": lo,
         "hi": hi,
-        "points": points,
-        "span": span,
+        "tile_lo": lo - lo % ROLLUP_STEPS,
         "rank": rank,
     }
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    if row is None:
+        return None
+    firsts = [int(v) for v in (row[0], row[2]) if v is not None]
+    lasts = [int(v) for v in (row[1], row[3]) if v is not None]
+    if not firsts:
+        return None
+    return max(lo, min(firsts)), min(hi, max(lasts))
+
+
+def _buckets(sql: str, params: dict[str, Any]) -> list[Bucket]:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         rows = cur.fetchall()
@@ -166,3 +139,82 @@ def query_series(
         )
         for r in rows
     ]
+
+
+def _from_tiles(job_id: int, name: str, lo: int, hi: int, points: int, rank: int | None) -> list[Bucket]:
+    """Buckets whose edges sit on tile boundaries, so that every tile falls in exactly one: whole
+    tiles inside [lo, hi] come from MetricRollup, the partly covered tiles at both ends from raw
+    points. Min, max and count stay exact for the range asked."""
+    origin = (lo // ROLLUP_STEPS) * ROLLUP_STEPS
+    width = math.ceil(math.ceil((hi - origin + 1) / points) / ROLLUP_STEPS) * ROLLUP_STEPS
+    full_lo = -(-lo // ROLLUP_STEPS) * ROLLUP_STEPS
+    full_end = ((hi + 1) // ROLLUP_STEPS) * ROLLUP_STEPS - 1
+    rank_filter = "" if rank is None else "AND rank = %(rank)s"
+    sql = f"""
+        SELECT min(s), max(ls), min(lo_v), max(hi_v), sum(total), sum(n)
+        FROM (
+            SELECT bucket_step AS s, last_step AS ls, min_value AS lo_v, max_value AS hi_v, total, count AS n
+            FROM telemetry_metricrollup
+            WHERE job_id = %(job)s AND name = %(name)s
+                AND bucket_step >= %(full_lo)s AND bucket_step + {ROLLUP_STEPS - 1} <= %(hi)s {rank_filter}
+            UNION ALL
+            SELECT step, step, value, value, value, 1
+            FROM telemetry_metric
+            WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(lo)s AND %(hi)s
+                AND (step < %(full_lo)s OR step > %(full_end)s) {rank_filter}
+        ) p
+        GROUP BY (s - %(origin)s) / %(width)s
+        ORDER BY 1
+    """
+    params = {
+        "job": job_id,
+        "name": name,
+        "lo": lo,
+        "hi": hi,
+        "origin": origin,
+        "width": width,
+        "full_lo": full_lo,
+        "full_end": full_end,
+        "rank": rank,
+    }
+    return _buckets(sql, params)
+
+
+def query_series(
+    job_id: int,
+    name: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    points: int = DEFAULT_QUERY_POINTS,
+    rank: int | None = None,
+) -> list[Bucket]:
+    """A series as at most ``points`` buckets of equal step width (min/max/mean/count each).
+
+    Ranges whose buckets would span a tile or more are answered from the 100-step tiles ingest
+    keeps (a million points read as ten thousand tiles), with bucket edges on tile boundaries;
+    narrower ones from raw points. Where retention already removed the raw points, tiles answer.
+    """
+    bounds = _bounds(job_id, name, 0 if start is None else start, MAX_STEP if end is None else end, rank)
+    if bounds is None:
+        return []
+    lo, hi = bounds
+    span = hi - lo + 1
+    if span / points >= ROLLUP_STEPS:
+        return _from_tiles(job_id, name, lo, hi, points, rank)
+    rank_filter = "" if rank is None else "AND rank = %(rank)s"
+    sql = f"""
+        SELECT min(step), max(step), min(value), max(value), sum(value), count(*)
+        FROM telemetry_metric
+        WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(lo)s AND %(hi)s {rank_filter}
+        GROUP BY (step - %(lo)s) * %(points)s / %(span)s
+        ORDER BY 1
+    """
+    params = {"job": job_id, "name": name, "lo": lo, "hi": hi, "points": points, "span": span, "rank": rank}
+    buckets = _buckets(sql, params)
+    if buckets:
+        return buckets
+    # Raw points of this range are gone (retention): show the tiles that cover it.
+    return _from_tiles(
+        job_id, name, lo - lo % ROLLUP_STEPS, hi - hi % ROLLUP_STEPS + ROLLUP_STEPS - 1, points, rank
+    )

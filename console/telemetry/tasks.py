@@ -11,4 +11,4 @@ def rollup() -> dict[str, Any]:
     from console.telemetry.retention import apply_retention
 
     result = apply_retention()
-    return {"points_rolled_up": result.points_rolled_up, "log_lines_deleted": result.log_lines_deleted}
+    return {"points_deleted": result.points_deleted, "log_lines_deleted": result.log_lines_deleted}
