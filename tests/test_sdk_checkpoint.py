@@ -134,6 +134,11 @@ DISTRIBUTED_SCRIPT = textwrap.dedent(
     state = {"w": torch.arange(10.0) * (rank + 1)}
     sdk.save(state, 3, directory=ckpt + "/whole")
     loaded, step = sdk.load_latest(ckpt + "/whole")
+    # Rank 1 looks in an empty directory (another host, no shared disk): rank 0's copy is sent.
+    mine = ckpt + "/whole" if rank == 0 else ckpt + "/elsewhere"
+    assert sdk.load_latest(mine) is None or rank == 0
+    shared_state, shared_step = sdk.load_latest(mine, collective=True)
+    assert shared_step == 3 and torch.equal(shared_state["w"], torch.arange(10.0))
     # Sharded: a DTensor split across the two ranks; each rank writes and reads back its half.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -132,8 +132,45 @@ def load_latest(
     directory: str | os.PathLike[str] | None = None,
     map_location: str | torch.device = "cpu",
     weights_only: bool = True,
+    collective: bool = False,
 ) -> tuple[Any, int] | None:
-    """Returns ``(state, step)`` of the newest readable checkpoint, or None when there is none."""
+    """Returns ``(state, step)`` of the newest readable checkpoint, or None when there is none.
+
+    ``collective=True`` (every rank must call it): the ranks compare the step each one found;
+    when they differ (hosts without a shared checkpoint directory), rank 0's checkpoint is sent
+    to all, so every rank resumes from the same step.
+    """
+    found = _load_local(directory, map_location, weights_only)
+    if not (collective and _distributed()):
+        return found
+    steps: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, found[1] if found else -1)
+    if len(set(steps)) == 1:
+        return found
+    payload = [found if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(payload, src=0)
+    shared = payload[0]
+    if shared is None:
+        return None
+    state, step = shared
+    if map_location != "cpu":
+        state = _move(state, torch.device(map_location))
+    return state, step
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_move(v, device) for v in obj)
+    return obj
+
+
+def _load_local(
+    directory: str | os.PathLike[str] | None, map_location: str | torch.device, weights_only: bool
+) -> tuple[Any, int] | None:
     for step, path in reversed(_entries(checkpoint_dir(directory), "pt")):
         try:
             state = torch.load(path, map_location=map_location, weights_only=weights_only)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {key} ({spec.type.__name__}, default {spec.default!r}): {spec.help}")
         return 0 if args.list else 2
 
-    from workers.workloads.common import WorkloadError, load_hyperparameters, shutdown, start_runtime, train
+    from workers.workloads.common import WorkloadError, load_hyperparameters, shutdown, start_runtime
 
     try:
         hp = load_hyperparameters(args.name, parse_overrides(args.name, args.overrides))
@@ -44,12 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as error:
         print(f"{args.name}: {error}", file=sys.stderr)
         return 2
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # record: an exception is written to TORCHELASTIC_ERROR_FILE (when the launcher sets one),
+    # so the console can show the real error rather than the last lines of stderr.
     try:
-        task = _task(args.name, hp, runtime)
-        train(task, hp, runtime)
+        record(_run)(args.name, hp, runtime)
     finally:
         shutdown()
     return 0
+
+
+def _run(name: str, hp: dict[str, Any], runtime: Runtime) -> None:
+    from workers.workloads.common import train
+
+    train(_task(name, hp, runtime), hp, runtime)
 
 
 def _task(name: str, hp: dict[str, Any], runtime: Runtime) -> Task:

@@ -145,7 +145,7 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     sdk.install_stop_handler()
 
     start = 0
-    resumed = sdk.load_latest(map_location=runtime.device)
+    resumed = sdk.load_latest(map_location=runtime.device, collective=True)
     if resumed is not None:
         state, start = resumed
         model.load_state_dict(state["model"])
