@@ -6,6 +6,8 @@ agents are sent only after commit, which the test transaction never does.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -13,6 +15,7 @@ from console.cluster.models import Gpu, Node
 from console.core.states import JobState, NodeState
 from console.jobs import control
 from console.jobs.models import Allocation, Job, RoundReason
+from workers.protocol import RankExit
 
 pytestmark = pytest.mark.django_db
 
@@ -151,7 +154,7 @@ def test_rank_failures_use_up_restarts_then_fail_with_the_root_cause() -> None:
     job = make_job("flaky", nnodes="1")
     Job.objects.filter(pk=job.pk).update(max_restarts=1)
     control.schedule()
-    exit_info = {
+    exit_info: RankExit = {
         "local_rank": 0,
         "rank": 0,
         "pid": 1,
@@ -178,13 +181,13 @@ def test_lost_node_gives_a_smaller_round_or_sends_the_job_back_to_pending() -> N
     elastic = make_job("elastic", nnodes="1:2")
     control.schedule()
     assert nodes_of(elastic) == ["a", "b"]
-    Node.objects.filter(pk=b.pk).update(last_heartbeat=timezone.now() - timezone.timedelta(minutes=5))
+    Node.objects.filter(pk=b.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
     control.tick()
     assert Node.objects.get(pk=b.pk).state == NodeState.LOST
     assert nodes_of(elastic) == ["a"]
     elastic.refresh_from_db()
     assert elastic.restarts == 0 and elastic.current_round().reason == RoundReason.NODE_LOSS  # type: ignore[union-attr]
-    Node.objects.filter(pk=a.pk).update(last_heartbeat=timezone.now() - timezone.timedelta(minutes=5))
+    Node.objects.filter(pk=a.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
     Job.objects.filter(pk=elastic.pk).update(progress={"step": 42})
     control.tick()
     elastic.refresh_from_db()
