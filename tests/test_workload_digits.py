@@ -200,6 +200,19 @@ def test_digits_refuses_fp16_on_cpu_and_unknown_hyperparameters(
     assert "hyperparameter 'steps' must be int, got str 'many'" in capsys.readouterr().err
 
 
+def test_digits_refuses_another_workloads_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workers import sdk
+    from workers.workloads.__main__ import main
+
+    sdk.save({"workload": "tiny-lm", "model": {}, "optimizers": []}, 7, directory=tmp_path)
+    monkeypatch.setenv("TRAINYARD_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["digits-mlp", "--set", "steps=9"]) == 2
+    assert "holds a 'tiny-lm' checkpoint (step 7), not 'digits-mlp'" in capsys.readouterr().err
+
+
 def test_sigterm_makes_the_ranks_checkpoint_and_exit(tmp_path: Path) -> None:
     argv = workload("digits-mlp", "steps=100000", "log_every=10", "checkpoint_every=0")
     with RankGroup(tmp_path, argv) as group:

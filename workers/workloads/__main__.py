@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     # so the console can show the real error rather than the last lines of stderr.
     try:
         record(_run)(args.name, hp, runtime)
+    except WorkloadError as error:
+        print(f"{args.name}: {error}", file=sys.stderr)
+        return 2
     finally:
         shutdown()
     return 0

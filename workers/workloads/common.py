@@ -89,6 +89,7 @@ def start_runtime(precision: str | None, grad_accum_steps: int | None) -> Runtim
 class Task(ABC):
     """One workload: what to train and how to measure it."""
 
+    name: str
     model: nn.Module
 
     @abstractmethod
@@ -148,9 +149,20 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     resumed = sdk.load_latest(map_location=runtime.device, collective=True)
     if resumed is not None:
         state, start = resumed
-        model.load_state_dict(state["model"])
-        for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(saved)
+        if state.get("workload", task.name) != task.name:
+            raise WorkloadError(
+                f"the checkpoint directory holds a {state['workload']!r} checkpoint (step {start}), "
+                f"not {task.name!r}: give this job its own TRAINYARD_CHECKPOINT_DIR"
+            )
+        try:
+            model.load_state_dict(state["model"])
+            for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
+                optimizer.load_state_dict(saved)
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise WorkloadError(
+                f"the checkpoint of step {start} does not fit this model (were shape "
+                f"hyperparameters changed since it was written?): {error}"
+            ) from None
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if runtime.is_main:
@@ -162,6 +174,7 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
             "optimizers": [o.state_dict() for o in optimizers],
             "scaler": scaler.state_dict() if scaler is not None else {},
             "step": step,
+            "workload": task.name,
             "hyperparameters": hp,
         }
 

@@ -34,6 +34,8 @@ def build_model(hidden: int) -> nn.Module:
 
 
 class DigitsTask(Task):
+    name = "digits-mlp"
+
     def __init__(self, hp: dict[str, Any], runtime: Runtime) -> None:
         self.hp = hp
         self.runtime = runtime

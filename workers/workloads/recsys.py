@@ -109,6 +109,8 @@ class DLRM(nn.Module):
 
 
 class RecsysTask(Task):
+    name = "recsys-embedding"
+
     def __init__(self, hp: dict[str, Any], runtime: Runtime) -> None:
         self.hp = hp
         self.runtime = runtime

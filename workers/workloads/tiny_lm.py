@@ -90,6 +90,8 @@ class TinyGPT(nn.Module):
 
 
 class TinyLMTask(Task):
+    name = "tiny-lm"
+
     def __init__(self, hp: dict[str, Any], runtime: Runtime) -> None:
         self.hp = hp
         self.runtime = runtime
