@@ -176,6 +176,19 @@ def test_agent_lifecycle_on_the_wire(
     ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 10, node="host-l", job_id=72)
     assert ended.kwargs["outcome"] == "failed"
 
+    # When a sync lists a round the agent does not run, it starts it; when a later sync no
+    # longer lists it, the agent stops it (SIGTERM) and reports it stopped
+    # (one process on node 1: rank 1)
+    sync_spec = python_round(74, SIGTERM_SCRIPT, tmp_path, nproc_per_node=1)
+    control_queue.send("host-l", protocol.AGENT_SYNC, rounds=[sync_spec])
+    assert wait_until(lambda: (tmp_path / "ready-1").exists(), 30)
+    control_queue.send("host-l", protocol.AGENT_SYNC, rounds=[])
+    ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 30, node="host-l", job_id=74)
+    assert ended.kwargs["outcome"] == "stopped"
+    assert (tmp_path / "terminated-1").exists()
+    for marker in ("ready-1", "terminated-1"):
+        (tmp_path / marker).unlink()
+
     # When the agent shuts down cleanly while a round runs
     control_queue.send("host-l", protocol.AGENT_START_ROUND, spec=python_round(73, SIGTERM_SCRIPT, tmp_path))
     heartbeat = control_queue.wait_for(
