@@ -5,38 +5,51 @@ One import, and the script still runs unchanged under plain ``torchrun`` or ``py
     from workers import sdk
 
     watcher = sdk.watch(model, every=100, optimizer=optimizer)  # grad/param norms, NaN/Inf events
-    resumed = sdk.load_latest()                                # (state, step) or None
-    start = resumed[1] if resumed else 0
+    resumed = sdk.load_latest()                                  # (state, step) or None
+    start = 0
     if resumed:
-        model.load_state_dict(resumed[0]["model"])
-        optimizer.load_state_dict(resumed[0]["optimizer"])
+        state, start = resumed
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
     for step in range(start + 1, steps + 1):
         with sdk.step(step, samples=batch_size, tokens=batch_size * seq_len):  # time, throughput, memory
-            loss = model(batch).loss
+            loss = loss_fn(model(inputs), targets)
             loss.backward()
-            watcher.after_backward(step)                     # before clipping
+            watcher.after_backward(step)                       # before clipping
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
-        sdk.log(step, loss=loss, lr=scheduler.get_last_lr()[0])  # any scalars (tensors are fine)
-        if step % 100 == 0 or sdk.should_stop(step):         # SIGTERM → checkpoint, then leave
+        sdk.log(step, loss=loss, lr=scheduler.get_last_lr()[0])  # any scalars; tensors are fine
+        stop = sdk.should_stop(step)                           # SIGTERM on any rank → True on all
+        if stop or step % 500 == 0:
             sdk.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step)
-            if sdk.should_stop():
-                break
+        if stop:
+            break
 
 Inside the console (the agent sets ``TRAINYARD_TELEMETRY``) every call appends a record to that
 file in the format of ``workers/protocol.py``; writes are buffered and flushed by a background
-thread every 0.2 s and at exit, so a call costs about a microsecond. Outside the console rank 0
-prints a compact line every ``TRAINYARD_PRINT_EVERY`` steps (default 10; 0 = silent).
+thread every 0.2 s and at exit, so a call costs a few microseconds and never waits on disk.
+Outside the console rank 0 prints a compact line every ``TRAINYARD_PRINT_EVERY`` steps (default
+10; 0 = silent) and the other ranks stay quiet. ``log`` records on whichever rank calls it:
+log global values (an all-reduced loss) from rank 0 only.
+
+Statistics: ``sdk.step`` reports step time, samples/s, tokens/s and peak memory (CUDA max
+allocated, or peak RSS) every 10 steps; the watcher reports on rank 0, every ``every`` steps,
+the global and per-layer gradient norms, the parameter norm, the update/parameter ratio (needs
+``optimizer=``), and emits a ``gradient_anomaly`` event naming the layer and step when a
+gradient is NaN/Inf. With fp16 call ``scaler.unscale_(optimizer)`` before ``after_backward``.
 
 Checkpoints go to ``TRAINYARD_CHECKPOINT_DIR`` (or ``directory=``), atomically (temp file,
-fsync, rename), keeping the last ``keep`` (default 3, env ``TRAINYARD_CHECKPOINT_KEEP``). In DDP
-only rank 0 writes and the others wait on a barrier. ``save_async`` blocks only for a copy into
-host memory and writes in a background thread (``sdk.wait()`` joins it; the next save waits for
-the previous write). ``save_sharded``/``load_sharded`` use torch.distributed.checkpoint, one shard
-per rank. ``should_stop(step)`` becomes True on every rank once any rank got SIGTERM (checked
-every 10 steps with a one-element all-reduce; without ``step`` on every call).
+fsync, rename), keeping the last ``keep`` (default 3, env ``TRAINYARD_CHECKPOINT_KEEP``), each
+recorded in the console with its size and how long it blocked. In DDP only rank 0 writes and
+the others wait on a barrier; ``load_latest(collective=True)`` makes every rank resume from
+rank 0's checkpoint when hosts do not share the directory. ``save_async`` blocks only for a copy
+into host memory and writes in a background thread (``sdk.wait()`` joins it; the next save
+waits for the previous write). ``save_sharded``/``load_sharded`` use
+torch.distributed.checkpoint, one shard per rank. ``should_stop(step)`` compares the ranks'
+flags every 10 steps with a one-element all-reduce (without ``step``: on every call), so every
+rank must call it with the same steps.
 """
 
 from __future__ import annotations
