@@ -330,6 +330,19 @@ def bench_downsample(points: int) -> tuple[float, int]:
     return statistics.median(timings), len(buckets)
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    import psutil
+
+    out = {}
+    for name, pid in pids.items():
+        try:
+            times = psutil.Process(pid).cpu_times()
+            out[name] = times.user + times.system
+        except psutil.Error:
+            out[name] = float("nan")
+    return out
+
+
 def live_phases(
     phases: set[str],
     figures: dict[str, Any],
@@ -346,12 +359,13 @@ def live_phases(
     logs = tmp / "logs"
     ws_port = free_port()
     daphne = str(Path(sys.executable).parent / "daphne")
-    procs.start(
+    daphne_proc = procs.start(
         [daphne, "-b", "127.0.0.1", "-p", str(ws_port), "console.asgi:application"], env, logs / "daphne.log"
     )
-    procs.start(
+    ingest_proc = procs.start(
         [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"], env, logs / "ingest-live.log"
     )
+    watched = {"daphne": daphne_proc.pid, "ingest": ingest_proc.pid, "bench clients": os.getpid()}
     wait_port(ws_port)
     common: dict[str, Any] = {"cookie": cookie, "ws_port": ws_port, "redis_url": redis_url, "env": env}
 
@@ -373,8 +387,19 @@ def live_phases(
     if "fanout" in phases:
         job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
         (tmp / "fanout").mkdir()
+        before = cpu_seconds(watched)
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
         many = live_phase(
             job.pk, FANOUT_CLIENTS, FANOUT_SECONDS, procs=procs, logs=logs, workdir=tmp / "fanout", **common
+        )
+        wall = time.monotonic() - started
+        used = {k: v - before[k] for k, v in cpu_seconds(watched).items()}
+        print(
+            f"fanout CPU over {wall:.0f}s: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in used.items())
+            + f"; 1-min load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+            flush=True,
         )
         all_lat = [x * 1000 for r in many for x in r["latencies"]]
         figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)

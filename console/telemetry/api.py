@@ -110,14 +110,13 @@ class RanksView(APIView):
         params = validated(RanksQuery, request)
         round_number = params.get("round") or job.round_number
         sql = """
-            SELECT rank, name, array_agg(value ORDER BY step), max(step) FROM (
+            SELECT rank, name, value, step FROM (
                 SELECT rank, name, value, step,
                        row_number() OVER (PARTITION BY rank, name ORDER BY step DESC) AS rn
                 FROM telemetry_metric
-                WHERE job_id = %(job)s AND round_number = %(round)s AND name = ANY(%(names)s)
+                WHERE job_id = %(job)s AND round_number = %(round)s AND name IN (%(step_time)s, %(throughput)s)
             ) recent
             WHERE rn <= %(window)s
-            GROUP BY rank, name
         """
         with connection.cursor() as cur:
             cur.execute(
@@ -125,13 +124,18 @@ class RanksView(APIView):
                 {
                     "job": job.pk,
                     "round": round_number,
-                    "names": [STEP_TIME_NAME, THROUGHPUT_NAME],
+                    "step_time": STEP_TIME_NAME,
+                    "throughput": THROUGHPUT_NAME,
                     "window": RANK_WINDOW,
                 },
             )
-            rows = cur.fetchall()
+            grouped: dict[tuple[int, str], list[tuple[int, float]]] = {}
+            for rank, name, value, step in cur.fetchall():
+                grouped.setdefault((rank, name), []).append((step, value))
         ranks: dict[int, dict[str, Any]] = {}
-        for rank, name, values, last_step in rows:
+        for (rank, name), points in grouped.items():
+            values = [v for _, v in points]
+            last_step = max(s for s, _ in points)
             entry = ranks.setdefault(
                 rank, {"rank": rank, "step_time": None, "throughput": None, "last_step": 0}
             )

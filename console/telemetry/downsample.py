@@ -82,6 +82,8 @@ def series_names(job_id: int) -> list[str]:
         )
         SELECT name FROM names WHERE name IS NOT NULL
     """
+    if connection.vendor != "postgresql":
+        sql = "SELECT DISTINCT name FROM telemetry_metricrollup WHERE job_id = %(job)s ORDER BY name"
     with connection.cursor() as cur:
         cur.execute(sql, {"job": job_id})
         return [row[0] for row in cur.fetchall()]

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -125,6 +126,8 @@ def store_metrics(
     that anomaly detection and live frames need: exactly the newly inserted ones with ``replay``,
     else all of them (first deliveries: a row can only pre-exist if an agent re-sent a batch; the
     database keeps one copy, and detectors and frames tolerate seeing such a point twice)."""
+    if connection.vendor != "postgresql":
+        return _store_metrics_portable(rows)
     with connection.cursor() as cur:
         raw = cur.cursor  # psycopg cursor: COPY is not part of the DB-API
         raw.execute(METRIC_TEMP)
@@ -146,6 +149,72 @@ def store_metrics(
         for job, rnd, rank, _seq, step, name, value, t in rows
         if rank == FRAME_RANK or name in wanted
     ]
+
+
+# The one-machine console (``manage.py up`` without DATABASE_URL) runs on SQLite: row by row,
+# slower, but with the same identity, tiles and "only newly stored rows" semantics.
+TILE_UPSERT_PORTABLE = """
+    INSERT INTO telemetry_metricrollup (
+        job_id, round_number, rank, name, bucket_step, last_step,
+        min_value, max_value, total, count, first_time, last_time
+    ) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (job_id, round_number, rank, name, bucket_step) DO UPDATE SET
+        last_step = max(last_step, excluded.last_step),
+        min_value = min(min_value, excluded.min_value),
+        max_value = max(max_value, excluded.max_value),
+        total = total + excluded.total,
+        count = count + excluded.count,
+        first_time = min(first_time, excluded.first_time),
+        last_time = max(last_time, excluded.last_time)
+"""
+
+
+def _store_metrics_portable(
+    rows: list[tuple[int, int, int, int, int, str, float, float]],
+) -> list[tuple[int, int, int, int, str, float, float]]:
+    stored = []
+    tiles: dict[tuple[int, int, int, str, int], list[Any]] = {}
+    with connection.cursor() as cur:
+        for job, rnd, rank, seq, step, name, value, t in rows:
+            when = datetime.fromtimestamp(t, UTC)
+            cur.execute(
+                "INSERT INTO telemetry_metric (job_id, round_number, rank, seq, step, name, value, time) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [job, rnd, rank, seq, step, name, value, when],
+            )
+            if cur.rowcount != 1:
+                continue
+            stored.append((job, rnd, rank, step, name, value, t))
+            key = (job, rnd, rank, name, (step // ROLLUP_STEPS) * ROLLUP_STEPS)
+            tile = tiles.get(key)
+            if tile is None:
+                tiles[key] = [step, value, value, value, 1, when, when]
+            else:
+                tile[0] = max(tile[0], step)
+                tile[1] = min(tile[1], value)
+                tile[2] = max(tile[2], value)
+                tile[3] += value
+                tile[4] += 1
+                tile[5] = min(tile[5], when)
+                tile[6] = max(tile[6], when)
+        for key, tile in tiles.items():
+            cur.execute(TILE_UPSERT_PORTABLE, [*key, *tile])
+    wanted = set(ANOMALY_NAMES)
+    return [p for p in stored if p[2] == FRAME_RANK or p[4] in wanted]
+
+
+def _store_logs_portable(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    stored = []
+    with connection.cursor() as cur:
+        for job, rnd, rank, stream, seq, text, t in rows:
+            cur.execute(
+                "INSERT INTO telemetry_logline (job_id, round_number, rank, stream, seq, text, time) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [job, rnd, rank, stream, seq, text, datetime.fromtimestamp(t, UTC)],
+            )
+            if cur.rowcount == 1:
+                stored.append((cur.lastrowid, job, rnd, rank, stream, seq, text))
+    return stored
 
 
 class BadBatch(ValueError):
@@ -433,6 +502,8 @@ class Ingestor:
         return store_metrics(rows, replay)
 
     def _store_logs(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        if connection.vendor != "postgresql":
+            return _store_logs_portable(rows)
         with connection.cursor() as cur:
             raw = cur.cursor
             raw.execute(LOG_TEMP)
