@@ -1,10 +1,10 @@
 """Launch overhead: tests/scripts/ddp_train.py (1 node x 2 gloo processes) started through a
 Trainyard agent versus bare ``torchrun --standalone --nproc-per-node 2``.
 
-For each launcher, RUNS runs (interleaved, so background load hits both alike) measure
+For each launcher, RUNS runs (interleaved, alternating which goes first) measure
 - time to first step: from the launch (Celery send_task to the agent / Popen of torchrun) to
   the wall-clock time rank 0 logged step 1 in its progress file;
-- steps/s: (last step - first step) / (their time difference), from the same file.
+- steps/s: steps per second from the end of the first tenth of the run to the last step.
 Medians are printed, then one JSON line.
 
     .venv/bin/python bench/launch_overhead/run.py    # REDIS_URL picks the Redis db (default 2)
@@ -35,7 +35,8 @@ from tests.support.agents import (  # noqa: E402
 from workers import protocol  # noqa: E402
 
 RUNS = 5
-STEPS = 600
+STEPS = 2000
+"""Long enough (several seconds) that the steps/s figure is not at the mercy of one hiccup."""
 AGENT_NAME = "bench-launch"
 RUN_TIMEOUT = 180.0
 
@@ -44,8 +45,9 @@ def measure(progress: Path, launched_at: float) -> tuple[float, float]:
     steps = [line for line in read_progress(progress) if "step" in line]
     if len(steps) < 2:
         raise RuntimeError(f"no steps logged in {progress}")
-    first, last = steps[0], steps[-1]
-    return first["t"] - launched_at, (last["step"] - first["step"]) / (last["t"] - first["t"])
+    # Steps/s over the steady state: the first tenth of the run includes warm-up.
+    steady, last = steps[len(steps) // 10], steps[-1]
+    return steps[0]["t"] - launched_at, (last["step"] - steady["step"]) / (last["t"] - steady["t"])
 
 
 def run_agent_once(queue: ControlQueue, work: Path, index: int) -> tuple[float, float]:
@@ -110,8 +112,14 @@ def main() -> int:
     try:
         queue.wait_for(protocol.CONTROL_REGISTER, 60, node=AGENT_NAME)
         for index in range(RUNS):
-            results["agent"].append(run_agent_once(queue, work, index))
-            results["torchrun"].append(run_torchrun_once(work, index))
+            # Alternate which launcher goes first, so a drift in background load (this machine
+            # is shared) does not always favour the same one.
+            if index % 2 == 0:
+                results["agent"].append(run_agent_once(queue, work, index))
+                results["torchrun"].append(run_torchrun_once(work, index))
+            else:
+                results["torchrun"].append(run_torchrun_once(work, index))
+                results["agent"].append(run_agent_once(queue, work, index))
             print(
                 f"run {index + 1}/{RUNS}: agent {results['agent'][-1][0]:.2f} s to first step,"
                 f" {results['agent'][-1][1]:.0f} steps/s; torchrun {results['torchrun'][-1][0]:.2f} s,"
