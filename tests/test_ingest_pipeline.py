@@ -93,6 +93,13 @@ def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job
     assert dropped.severity == "warning" and "120" in dropped.message
     assert pending(client) == 0
 
+    # and acked entries are trimmed from the stream, unread ones never
+    xadd(client, batch(job.pk, metric_records(range(50, 60))))
+    ingestor.maybe_trim(force=True)
+    assert client.xlen(TELEMETRY_STREAM) == 2  # the last delivered entry and the unread one
+    drain(ingestor)
+    assert Metric.objects.filter(job=job).count() == 2 * 50 * 2 + 10 * 1
+
 
 def test_replayed_entries_store_nothing_twice(client: redis.Redis, job: Job) -> None:
     # Given entries that were stored but whose ack was lost (the ingest crashed after commit)

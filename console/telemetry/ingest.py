@@ -55,6 +55,8 @@ FRAME_LOG_LINES = 200
 # Entries another consumer left pending this long are taken over (that consumer died).
 CLAIM_IDLE_MS = 60_000
 CLAIM_EVERY = 30.0
+# Acked entries are trimmed from the stream this often, so Redis memory stays bounded.
+TRIM_EVERY = 10.0
 STATS_KEY = "trainyard:ingest:stats"
 STATS_EVERY = 1.0
 
@@ -215,6 +217,12 @@ def _store_logs_portable(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
             if cur.rowcount == 1:
                 stored.append((cur.lastrowid, job, rnd, rank, stream, seq, text))
     return stored
+
+
+def _entry_id(value: bytes | str) -> tuple[int, int]:
+    text = value.decode() if isinstance(value, bytes) else value
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class BadBatch(ValueError):
@@ -388,6 +396,7 @@ class Ingestor:
         self.last_flush = time.monotonic()
         self.last_claim = 0.0
         self.last_stats = time.monotonic()
+        self.last_trim = time.monotonic()
         # Start by re-reading our own pending entries: a crash after commit and before ack, or
         # before commit, leaves them there.
         self.backlog = True
@@ -446,7 +455,24 @@ class Ingestor:
             self.handle(entries)
         self.maybe_flush()
         self.maybe_report_stats()
+        self.maybe_trim()
         return len(entries)
+
+    def maybe_trim(self, force: bool = False) -> None:
+        """Drop entries every consumer group has acked: those older than each group's oldest
+        pending entry, or than its last delivered one when nothing is pending."""
+        now = time.monotonic()
+        if not force and now - self.last_trim < TRIM_EVERY:
+            return
+        self.last_trim = now
+        floors = []
+        for group in self.redis.xinfo_groups(self.stream):
+            summary = self.redis.xpending(self.stream, group["name"])
+            floor = summary["min"] if summary["pending"] else group["last-delivered-id"]
+            floors.append(_entry_id(floor))
+        if floors:
+            ms, seq = min(floors)
+            self.redis.xtrim(self.stream, minid=f"{ms}-{seq}", approximate=False)
 
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
         decoded = Decoded()
