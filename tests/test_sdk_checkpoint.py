@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_workload_digits import REPO, free_port
+from tests.test_workload_digits import REPO
 from workers import sdk
 from workers.sdk import telemetry as telemetry_module
 from workers.sdk.telemetry import Telemetry
@@ -172,12 +172,11 @@ def test_ddp_and_sharded_checkpoints_under_plain_torchrun(tmp_path: Path) -> Non
             sys.executable,
             "-m",
             "torch.distributed.run",
+            # --standalone: torchrun picks a free port itself, with no window for another
+            # process to take it (tests of other suites run beside these).
+            "--standalone",
             "--nproc-per-node",
             "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
             str(script),
             str(tmp_path / "out"),
             str(tmp_path / "ckpt"),
