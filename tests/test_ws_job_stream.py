@@ -211,9 +211,10 @@ def test_anonymous_unknown_job_and_foreign_origin_are_refused(job: Job, cookie: 
             assert (await anonymous.connect())[0]
             assert await close_code(anonymous) == 4401
 
-        missing = communicator(f"/ws/jobs/{job.pk + 999}/", cookie)
-        assert (await missing.connect())[0]
-        assert await close_code(missing) == 4404
+        for missing_id in (job.pk + 999, 10**30):
+            missing = communicator(f"/ws/jobs/{missing_id}/", cookie)
+            assert (await missing.connect())[0]
+            assert await close_code(missing) == 4404
 
         forged = WebsocketCommunicator(
             application,

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 CLOSE_MALFORMED = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
+MAX_JOB_ID = 2**63 - 1  # the URL accepts any digits; larger ids cannot exist (bigint keys)
 # Client messages are tiny ({"type": "resume", "after": 123}); anything larger is abuse.
 MAX_CLIENT_MESSAGE = 1024
 # Backlog events are sent in pages so a long-lived job's history does not sit in memory at once.
@@ -114,7 +115,9 @@ class JobConsumer(TelemetryConsumer):
         self.sent_seqs: set[int] = set()
         # Seqs below this were either sent or are older than what the client asked for.
         self.seq_floor = 0
-        job = await database_sync_to_async(Job.objects.filter(pk=self.job_id).first)()
+        job = None
+        if self.job_id <= MAX_JOB_ID:
+            job = await database_sync_to_async(Job.objects.filter(pk=self.job_id).first)()
         if job is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return False
