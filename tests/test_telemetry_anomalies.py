@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -10,7 +11,7 @@ from django.conf import settings
 
 from console.jobs.models import Job
 from console.telemetry.ingest import Ingestor
-from console.telemetry.models import Event
+from console.telemetry.models import Event, Metric
 from console.telemetry.testing import batch, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
@@ -48,17 +49,23 @@ def test_non_finite_loss_fires_once_per_episode_across_ranks(client: redis.Redis
     def loss(step: int) -> float:
         return float("nan") if 100 <= step < 150 or step >= 300 else 1.0
 
+    def sdk_loss(step: int) -> float | None:
+        return None if 100 <= step < 150 or step >= 300 else 1.0  # the SDK sends NaN as null
+
     payloads = [
         batch(job.pk, metric_records(range(0, 200), {"loss": loss}), rank=0),
         # rank 1 ships late: its NaN steps arrive after rank 0 already recovered
-        batch(job.pk, metric_records(range(0, 200), {"loss": loss}), rank=1),
+        batch(job.pk, metric_records(range(0, 200), {"loss": sdk_loss}), rank=1),
         batch(job.pk, metric_records(range(200, 320), {"loss": loss}), rank=0),
-        batch(job.pk, metric_records(range(200, 320), {"loss": loss}), rank=1),
+        batch(job.pk, metric_records(range(200, 320), {"loss": sdk_loss}), rank=1),
     ]
     ingest(client, payloads)
     events = kinds(job, "loss_not_finite")
     assert [e.data["step"] for e in events] == [100, 300]
     assert all(e.severity == "error" and "nan" in e.message for e in events)
+    # the SDK's nulls are stored as NaN: the chart shows the gap
+    stored = Metric.objects.get(job=job, rank=1, step=120, name="loss").value
+    assert math.isnan(stored)
 
     # A replay of the same batches (ingest crashed before acking) stores no new events.
     ingest(client, payloads)
@@ -94,9 +101,10 @@ def test_straggler_only_after_a_minute_of_slowness(client: redis.Redis, job: Job
         return 0.3 if 10 <= step < 50 else 0.1  # 40 s of slowness: not a straggler
 
     payloads = [
-        batch(job.pk, metric_records(range(150), {"step_time": 0.1}, t0=t0, dt=1.0), rank=0),
-        batch(job.pk, metric_records(range(150), {"step_time": briefly_slow}, t0=t0, dt=1.0), rank=1),
-        batch(job.pk, metric_records(range(150), {"step_time": slow_rank2}, t0=t0, dt=1.0), rank=2),
+        # the SDK's step monitor name
+        batch(job.pk, metric_records(range(150), {"step_time_s": 0.1}, t0=t0, dt=1.0), rank=0),
+        batch(job.pk, metric_records(range(150), {"step_time_s": briefly_slow}, t0=t0, dt=1.0), rank=1),
+        batch(job.pk, metric_records(range(150), {"step_time_s": slow_rank2}, t0=t0, dt=1.0), rank=2),
     ]
     ingest(client, payloads)
     events = kinds(job, "straggler")
@@ -111,7 +119,7 @@ def test_throughput_drop_fires_once(client: redis.Redis, job: Job) -> None:
     def throughput(step: int) -> float:
         return 30.0 if 100 <= step < 160 else 100.0
 
-    ingest(client, [batch(job.pk, metric_records(range(220), {"throughput": throughput}))])
+    ingest(client, [batch(job.pk, metric_records(range(220), {"samples_per_s": throughput}))])
     events = kinds(job, "throughput_drop")
     assert len(events) == 1
     assert 100 <= events[0].data["step"] <= 110

@@ -17,8 +17,11 @@ from typing import Any
 
 LOSS_NAME = "loss"
 GRAD_NORM_NAME = "grad_norm"
-STEP_TIME_NAME = "step_time"
-THROUGHPUT_NAME = "throughput"
+# The SDK's step monitor logs "step_time_s" and "samples_per_s"; scripts that log their own
+# timing tend to say "step_time" and "throughput".
+STEP_TIME_NAMES = ("step_time", "step_time_s")
+THROUGHPUT_NAMES = ("throughput", "samples_per_s")
+WATCHED_NAMES = (LOSS_NAME, GRAD_NORM_NAME, *STEP_TIME_NAMES, *THROUGHPUT_NAMES)
 
 # A gradient norm above this multiple of the rolling median is a spike.
 GRAD_SPIKE_FACTOR = 10.0
@@ -123,9 +126,9 @@ class AnomalyDetector:
             return self._loss(job_id, round_number, rank, step, value)
         if name == GRAD_NORM_NAME:
             return self._grad(job_id, round_number, rank, step, value)
-        if name == STEP_TIME_NAME:
+        if name in STEP_TIME_NAMES:
             return self._step_time(job_id, round_number, rank, step, value, t)
-        if name == THROUGHPUT_NAME:
+        if name in THROUGHPUT_NAMES:
             return self._throughput(job_id, round_number, step, value)
         return None
 

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.jobs.models import Checkpoint, Job
-from console.telemetry.anomalies import STEP_TIME_NAME, STRAGGLER_FACTOR, THROUGHPUT_NAME
+from console.telemetry.anomalies import STEP_TIME_NAMES, STRAGGLER_FACTOR, THROUGHPUT_NAMES
 from console.telemetry.downsample import (
     DEFAULT_QUERY_POINTS,
     MAX_QUERY_POINTS,
@@ -114,7 +114,8 @@ class RanksView(APIView):
                 SELECT rank, name, value, step,
                        row_number() OVER (PARTITION BY rank, name ORDER BY step DESC) AS rn
                 FROM telemetry_metric
-                WHERE job_id = %(job)s AND round_number = %(round)s AND name IN (%(step_time)s, %(throughput)s)
+                WHERE job_id = %(job)s AND round_number = %(round)s
+                    AND name IN (%(t1)s, %(t2)s, %(x1)s, %(x2)s)
             ) recent
             WHERE rn <= %(window)s
         """
@@ -124,14 +125,17 @@ class RanksView(APIView):
                 {
                     "job": job.pk,
                     "round": round_number,
-                    "step_time": STEP_TIME_NAME,
-                    "throughput": THROUGHPUT_NAME,
+                    "t1": STEP_TIME_NAMES[0],
+                    "t2": STEP_TIME_NAMES[1],
+                    "x1": THROUGHPUT_NAMES[0],
+                    "x2": THROUGHPUT_NAMES[1],
                     "window": RANK_WINDOW,
                 },
             )
             grouped: dict[tuple[int, str], list[tuple[int, float]]] = {}
             for rank, name, value, step in cur.fetchall():
-                grouped.setdefault((rank, name), []).append((step, value))
+                kind = "step_time" if name in STEP_TIME_NAMES else "throughput"
+                grouped.setdefault((rank, kind), []).append((step, value))
         ranks: dict[int, dict[str, Any]] = {}
         for (rank, name), points in grouped.items():
             values = [v for _, v in points]

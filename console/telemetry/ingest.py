@@ -4,12 +4,12 @@ One pass (``Ingestor.run_once``) reads up to READ_COUNT stream entries through t
 group, stores every record they carry in one transaction (idempotent: each table's identity
 constraint with ON CONFLICT DO NOTHING), and acks the entries only after that commit. A crash
 between commit and ack makes the entries pending again; replaying them stores nothing new, and
-only rows the database actually inserted feed the anomaly detectors and the live frames, so a
-replay neither duplicates points nor re-raises events.
+for such replays only the rows the database actually inserted (RETURNING) feed the anomaly
+detectors and the live frames, so a replay neither duplicates points nor re-raises events.
 
-Live viewers get one coalesced frame per job every FRAME_INTERVAL seconds, each series thinned
-to FRAME_POINTS points, sent on a background event loop so that the channel layer never
-stalls the database writes.
+Live viewers get one coalesced frame per job every FRAME_INTERVAL seconds: rank 0's series,
+thinned to a budget of FRAME_BUDGET points, serialised once and sent on a background event loop
+so that the channel layer never stalls the database writes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
 from console.jobs.models import Checkpoint, Job
-from console.telemetry.anomalies import AnomalyDetector
+from console.telemetry.anomalies import WATCHED_NAMES, AnomalyDetector
 from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import emit_once, job_group
 from console.telemetry.models import ROLLUP_STEPS, Severity
@@ -61,7 +61,7 @@ STATS_KEY = "trainyard:ingest:stats"
 STATS_EVERY = 1.0
 
 # Only the rows anomaly detection or the frames use come back from the INSERT.
-ANOMALY_NAMES = ("loss", "grad_norm", "step_time", "throughput")
+ANOMALY_NAMES = WATCHED_NAMES
 FRAME_RANK = 0
 
 METRIC_TEMP = """
@@ -308,6 +308,10 @@ def decode_batch(raw: bytes | str, into: Decoded) -> None:
                 step = _num(record, "step")
                 values = record["values"]
                 for name, value in values.items():
+                    if value is None:
+                        # The SDK sends a NaN/Inf as null (JSON has neither): keep it, as NaN, so
+                        # the chart shows the gap and the loss detector sees the divergence.
+                        value = math.nan
                     if isinstance(value, bool) or not isinstance(value, int | float) or len(name) > 128:
                         into.bad_records += 1
                         continue
