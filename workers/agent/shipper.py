@@ -159,7 +159,12 @@ class TelemetryShipper(threading.Thread):
         for source in sources:
             finishing = source.finishing
             records: list[dict[str, Any]] = []
-            for line in source.telemetry.read_lines():
+            telemetry_lines = source.telemetry.read_lines()
+            if finishing and source.telemetry.partial:
+                # The rank is gone: a last line without its newline is all there will be.
+                telemetry_lines.append(source.telemetry.partial)
+                source.telemetry.partial = b""
+            for line in telemetry_lines:
                 record = self._telemetry_record(source, line, now)
                 if record is not None:
                     records.append(record)
