@@ -158,6 +158,9 @@ DISTRIBUTED_SCRIPT = textwrap.dedent(
             "local": local.tolist(), "shared": target["shared"].tolist(),
             "stopped_at": stopped_at,
         }, handle)
+    # Both ranks finish every collective before either tears the group down: a rank that exits
+    # while its peer is still inside one was seen to abort in gloo ("terminate called ...").
+    dist.barrier()
     dist.destroy_process_group()
     """
 )
