@@ -9,6 +9,11 @@ every group it still knows (grandchildren included: they share the group) and ex
 
 It runs in its own session and ignores SIGINT/SIGTERM/SIGHUP, so a signal aimed at the agent's
 terminal or process group cannot take it down before it has done its job.
+
+Two gaps are closed by a second sweep: a rank started in the instant before the agent could
+write its ``+<pgid>`` line, and a descendant that left its group (``setsid``). Every rank's
+environment carries ENV_AGENT_SESSION, which children inherit; on EOF the reaper also kills
+every process whose environment holds this agent's session.
 """
 
 from __future__ import annotations
@@ -19,10 +24,28 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import IO
 
+ENV_AGENT_SESSION = "TRAINYARD_AGENT_SESSION"
 
-def run(stream: IO[str]) -> None:
+
+def processes_of_session(session: str) -> list[int]:
+    marker = f"{ENV_AGENT_SESSION}={session}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def run(stream: IO[str], session: str = "") -> None:
     groups: set[int] = set()
     for line in stream:
         line = line.strip()
@@ -36,21 +59,25 @@ def run(stream: IO[str]) -> None:
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+    if session:
+        for pid in processes_of_session(session):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    run(sys.stdin)
+    run(sys.stdin, sys.argv[1] if len(sys.argv) > 1 else "")
 
 
 class ReaperClient:
     """The agent's end of the pipe. Thread-safe: the supervisor and shutdown both write."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: str) -> None:
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.agent.reaper"],
+            [sys.executable, "-m", "workers.agent.reaper", session],
             stdin=subprocess.PIPE,
             text=True,
             start_new_session=True,

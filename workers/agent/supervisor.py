@@ -42,7 +42,7 @@ from workers.agent.launcher import (
     rank_command,
     rank_env,
 )
-from workers.agent.reaper import ReaperClient
+from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.protocol import RankExit, RankStatus, RoundSpec, RoundStatus
 
@@ -177,10 +177,16 @@ def _killpg(pgid: int, signum: signal.Signals) -> None:
 
 class Supervisor(threading.Thread):
     def __init__(
-        self, config: AgentConfig, control: ControlClient, shipper: TelemetryShipper, reaper: ReaperClient
+        self,
+        config: AgentConfig,
+        session: str,
+        control: ControlClient,
+        shipper: TelemetryShipper,
+        reaper: ReaperClient,
     ) -> None:
         super().__init__(name="supervisor", daemon=True)
         self._config = config
+        self._session = session
         self._control = control
         self._shipper = shipper
         self._reaper = reaper
@@ -348,9 +354,9 @@ class Supervisor(threading.Thread):
             for local_rank in range(spec["nproc_per_node"]):
                 files = RankFiles.for_rank(self._config, spec, local_rank)
                 files.prepare()
-                handler = RankHandler(
-                    command, rank_env(self._config, spec, local_rank, files), files, local_rank
-                )
+                env = rank_env(self._config, spec, local_rank, files)
+                env[ENV_AGENT_SESSION] = self._session
+                handler = RankHandler(command, env, files, local_rank)
                 self._reaper.watch(handler.proc.pid)
                 rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
                 local.ranks.append(rank)
