@@ -123,6 +123,9 @@ def test_agent_lifecycle_on_the_wire(
         assert env["TORCHELASTIC_RUN_ID"] == "job-71-round-1"
         assert env["OMP_NUM_THREADS"] == "2"  # the job's env wins over the default of 1
         assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the store
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"rank-{local_rank}/error.json")
         assert env[protocol.ENV_JOB_ID] == "71"
         assert env[protocol.ENV_ROUND] == "1"
         assert env[protocol.ENV_NODE] == "host-l"

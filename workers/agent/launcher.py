@@ -83,6 +83,7 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             # Rank 0 hosts the store itself (env:// init), as with a static torchrun rendezvous.
             "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TORCHELASTIC_ERROR_FILE": str(files.error_file),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": spec["env"].get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             "OMP_NUM_THREADS": spec["env"].get("OMP_NUM_THREADS", "1"),
             "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in spec["gpu_indices"]),
             protocol.ENV_JOB_ID: str(spec["job_id"]),
