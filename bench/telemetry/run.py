@@ -352,6 +352,7 @@ def live_phases(
     env: dict[str, str],
     procs: Processes,
     tmp: Path,
+    frame_interval: float | None,
 ) -> None:
     """Latency with one client, then fan-out to FANOUT_CLIENTS, through daphne and ingest."""
     from console.jobs.models import Job
@@ -362,9 +363,10 @@ def live_phases(
     daphne_proc = procs.start(
         [daphne, "-b", "127.0.0.1", "-p", str(ws_port), "console.asgi:application"], env, logs / "daphne.log"
     )
-    ingest_proc = procs.start(
-        [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"], env, logs / "ingest-live.log"
-    )
+    ingest_args = [sys.executable, "manage.py", "ingest", "--consumer", "bench-live"]
+    if frame_interval is not None:
+        ingest_args += ["--frame-interval", str(frame_interval)]
+    ingest_proc = procs.start(ingest_args, env, logs / "ingest-live.log")
     watched = {"daphne": daphne_proc.pid, "ingest": ingest_proc.pid, "bench clients": os.getpid()}
     wait_port(ws_port)
     common: dict[str, Any] = {"cookie": cookie, "ws_port": ws_port, "redis_url": redis_url, "env": env}
@@ -418,7 +420,7 @@ def live_phases(
 
 
 # --- main ------------------------------------------------------------------------------------
-def main(phases: set[str]) -> None:
+def main(phases: set[str], frame_interval: float | None) -> None:
     import psycopg
 
     redis_port = free_port()
@@ -464,7 +466,16 @@ def main(phases: set[str]) -> None:
             )
             print(f"ingest: {figures['ingest_points_per_s']:,} points/s", flush=True)
         if phases & {"latency", "fanout"}:
-            live_phases(phases, figures, cookie=cookie, redis_url=redis_url, env=env, procs=procs, tmp=tmp)
+            live_phases(
+                phases,
+                figures,
+                cookie=cookie,
+                redis_url=redis_url,
+                env=env,
+                procs=procs,
+                tmp=tmp,
+                frame_interval=frame_interval,
+            )
         if "downsample" in phases:
             ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
             figures["downsample_1m_ms"] = round(ms, 1)
@@ -517,8 +528,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--phases", default="ingest,latency,fanout,downsample", help="comma-separated subset to run"
     )
+    parser.add_argument("--frame-interval", type=float, help="pass to manage.py ingest (default: its own)")
     args = parser.parse_args()
     if args.produce is not None:
         produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
     else:
-        main(set(args.phases.split(",")))
+        main(set(args.phases.split(",")), args.frame_interval)

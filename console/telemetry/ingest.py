@@ -386,6 +386,7 @@ class Ingestor:
         broadcaster: Broadcaster | None = None,
         stream: str = TELEMETRY_STREAM,
         group: str = TELEMETRY_GROUP,
+        frame_interval: float = FRAME_INTERVAL,
     ) -> None:
         # redis-py's stubs type replies as unions of every RESP shape; the stream calls below
         # return the documented list/tuple shapes.
@@ -394,6 +395,7 @@ class Ingestor:
         self.stream = stream
         self.group = group
         self.broadcaster = broadcaster
+        self.frame_interval = frame_interval
         self.detector = AnomalyDetector()
         self.frames: dict[int, JobFrame] = {}
         self.frame_numbers: dict[int, int] = {}
@@ -620,7 +622,7 @@ class Ingestor:
 
     def maybe_flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self.last_flush < FRAME_INTERVAL:
+        if not force and now - self.last_flush < self.frame_interval:
             return
         self.last_flush = now
         frames, self.frames = self.frames, {}

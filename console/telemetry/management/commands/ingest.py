@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from console.telemetry.ingest import Broadcaster, Ingestor
+from console.telemetry.ingest import FRAME_INTERVAL, Broadcaster, Ingestor
 
 log = logging.getLogger("console.telemetry.ingest")
 
@@ -33,6 +33,12 @@ class Command(BaseCommand):
             default=f"ingest-{socket.gethostname()}",
             help="Consumer name in the group; keep it stable so a restart re-reads its pending entries.",
         )
+        parser.add_argument(
+            "--frame-interval",
+            type=float,
+            default=FRAME_INTERVAL,
+            help="Seconds between live frames per job (more viewers per web process may want longer).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.stopping = False
@@ -40,7 +46,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self._stop)
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5)
         broadcaster = Broadcaster()
-        ingestor = Ingestor(client, options["consumer"], broadcaster=broadcaster)
+        ingestor = Ingestor(
+            client, options["consumer"], broadcaster=broadcaster, frame_interval=options["frame_interval"]
+        )
         log.info("ingest %s consuming %s", options["consumer"], ingestor.stream)
         delay = RETRY_MIN
         group_ready = False
