@@ -173,7 +173,7 @@ def test_operator_walks_through_the_console(console_url: str) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     operator = User.objects.create_user("olivia", password="pw-operator-1")
-    operator.groups.add(Group.objects.get(name="operator"))
+    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
     job = make_cluster(operator)
     ARTIFACTS.mkdir(exist_ok=True)
 
