@@ -171,6 +171,12 @@ def _ordered_members(job: Job, nodes: Sequence[Node]) -> list[Node]:
     return staying + joining
 
 
+def run_id(job: Job) -> str:
+    """torchrun's run id for the job: the same for all its rounds, unique across consoles and
+    database resets (agents key checkpoint directories on it)."""
+    return f"trainyard-job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+
+
 def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
     bundle: protocol.BundleRef | None = None
     if job.bundle_id and job.bundle:
@@ -179,7 +185,7 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
     return {
         "job_id": job.pk,
         "round": rnd.number,
-        "run_id": f"trainyard-job-{job.pk}",
+        "run_id": run_id(job),
         "node_rank": alloc.node_rank,
         "nnodes": rnd.allocations.count(),
         "nproc_per_node": job.nproc_per_node,

@@ -296,7 +296,7 @@ def round_spec(
     return RoundSpec(
         job_id=job_id,
         round=round_,
-        run_id=f"job-{job_id}-round-{round_}",
+        run_id=f"job-{job_id}",
         node_rank=node_rank,
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,

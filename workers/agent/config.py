@@ -30,8 +30,14 @@ class AgentConfig:
     def bundles_dir(self) -> Path:
         return self.data_dir / "bundles"
 
-    def checkpoint_dir(self, job_id: int) -> Path:
-        return self.checkpoint_root / f"job-{job_id}"
+    def checkpoint_dir(self, run_id: str) -> Path:
+        """One directory per run (a job of one console), the same on every host.
+
+        Keyed by the run id rather than the job id: two consoles (or one whose database was
+        reset) both have a job 1, and a new job must never resume an old job's checkpoint.
+        """
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id).strip("._") or "run"
+        return self.checkpoint_root / safe
 
 
 def parse_config(argv: list[str] | None = None) -> AgentConfig:

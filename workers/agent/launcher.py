@@ -89,7 +89,7 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_JOB_ID: str(spec["job_id"]),
             protocol.ENV_ROUND: str(spec["round"]),
             protocol.ENV_NODE: config.name,
-            protocol.ENV_CHECKPOINT_DIR: str(config.checkpoint_dir(spec["job_id"])),
+            protocol.ENV_CHECKPOINT_DIR: str(config.checkpoint_dir(spec["run_id"])),
             protocol.ENV_TELEMETRY: str(files.telemetry),
             protocol.ENV_HYPERPARAMETERS: json.dumps(spec["hyperparameters"]),
             protocol.ENV_PRECISION: spec["precision"],

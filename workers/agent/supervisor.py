@@ -350,7 +350,7 @@ class Supervisor(threading.Thread):
         spec = local.spec
         try:
             command = rank_command(spec, bundle_dir)
-            self._config.checkpoint_dir(spec["job_id"]).mkdir(parents=True, exist_ok=True)
+            self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             for local_rank in range(spec["nproc_per_node"]):
                 files = RankFiles.for_rank(self._config, spec, local_rank)
                 files.prepare()
