@@ -1,6 +1,7 @@
 """The agent process: a Celery worker on queue ``node.<name>`` (solo pool, so rank processes
-are children of this process and never of a pool child that Celery may replace) plus three
-threads: the supervisor, the heartbeat and the telemetry shipper, and the reaper process.
+are children of this process and never of a pool child that Celery may replace) plus
+threads and processes: the supervisor, the heartbeat and the telemetry shipper, the reaper process, and the
+warm pool (workers/agent/warmpool.py: pre-started rank interpreters and their refill thread).
 
 Boot: start the reaper, purge the node queue (commands from before a crash are stale; the
 controller answers the registration with AGENT_SYNC listing what should run), register, then
@@ -22,9 +23,10 @@ from workers import protocol
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
 from workers.agent.inventory import node_info, node_load
-from workers.agent.reaper import ReaperClient
+from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
+from workers.agent.warmpool import WarmPool
 from workers.protocol import RoundSpec
 
 logger = logging.getLogger("workers.agent")
@@ -102,7 +104,8 @@ def run_agent(config: AgentConfig) -> int:
     control = ControlClient(app, config.name, config.token, session)
     reaper = ReaperClient(session)
     shipper = TelemetryShipper(config.broker_url, config.name)
-    supervisor = Supervisor(config, session, control, shipper, reaper)
+    pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
+    supervisor = Supervisor(config, session, control, shipper, reaper, pool if config.warm_pool else None)
     register_tasks(app, supervisor)
     shipper.start()
     supervisor.start()
@@ -122,6 +125,7 @@ def run_agent(config: AgentConfig) -> int:
         )
         control.send(protocol.CONTROL_REGISTER, info=info)
         heartbeat.start()
+        pool.start()
         worker = app.Worker(
             hostname=f"{config.name}@{socket.gethostname()}",
             queues=[protocol.node_queue(config.name)],
@@ -139,6 +143,7 @@ def run_agent(config: AgentConfig) -> int:
         supervisor.shutdown(timeout=supervisor.longest_grace() + SHUTDOWN_MARGIN_SECONDS)
         if heartbeat.is_alive():
             heartbeat.stop()
+        pool.close()
         control.send(protocol.CONTROL_OFFLINE)
         control.close(timeout=CONTROL_FLUSH_SECONDS)
         shipper.stop()

@@ -21,6 +21,7 @@ class AgentConfig:
     heartbeat: float
     data_dir: Path
     checkpoint_root: Path
+    warm_pool: int = 2  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
 
     @property
     def rounds_dir(self) -> Path:
@@ -54,6 +55,12 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         default="",
         help="TRAINYARD_CHECKPOINT_ROOT, default <data-dir>/../checkpoints; shared storage on a cluster",
     )
+    parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=2,
+        help="interpreters kept ready with torch imported for fast rank starts (~300 MB each); 0 disables",
+    )
     ns = parser.parse_args(argv)
     broker = ns.broker or os.environ.get("TRAINYARD_BROKER_URL") or os.environ.get("REDIS_URL") or ""
     data_dir = Path(
@@ -71,4 +78,5 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         heartbeat=ns.heartbeat,
         data_dir=data_dir,
         checkpoint_root=checkpoint_root,
+        warm_pool=max(0, ns.warm_pool),
     )

@@ -8,8 +8,12 @@ sets for a worker is set the same way, and rank 0 hosts the TCPStore at MASTER_A
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +24,10 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 
 from workers import protocol
 from workers.agent.config import AgentConfig
+from workers.agent.warmpool import WarmPool, must_start_cold, send_request, warm_request
 from workers.protocol import RoundSpec
+
+logger = logging.getLogger(__name__)
 
 DOWNLOAD_CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_SECONDS = 60.0
@@ -153,6 +160,67 @@ class RankHandler(SubprocessHandler):
         for stream in (self._stdout, self._stderr):
             if stream is not None and not stream.closed:
                 stream.close()
+
+
+class WarmLaunchError(Exception):
+    """The warm process could not be handed the launch; the rank starts cold instead."""
+
+
+class WarmRankHandler(RankHandler):
+    """A RankHandler whose process is a warm-pool interpreter, adopted rather than spawned:
+    ``proc`` is still a Popen child of the agent in its own session, so polling, killpg and
+    exit reporting are the same as for a cold rank."""
+
+    def __init__(
+        self,
+        command: Command,
+        env: dict[str, str],
+        files: RankFiles,
+        local_rank: int,
+        warm: subprocess.Popen[bytes],
+    ) -> None:
+        self._warm = warm
+        self._files = files
+        super().__init__(command, env, files, local_rank)
+
+    def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:  # type: ignore[type-arg]
+        request = warm_request(
+            args[0], tuple(args[1:]), self._cwd, env, self._files.stdout, self._files.stderr
+        )
+        try:
+            if request is None:
+                raise WarmLaunchError(f"not a warm-launchable command: {args!r}")
+            send_request(self._warm, request)
+        except (OSError, WarmLaunchError) as exc:
+            self.close_files()
+            raise WarmLaunchError(f"warm process {self._warm.pid} did not take the launch: {exc}") from exc
+        return self._warm
+
+
+def start_rank(
+    command: Command, env: dict[str, str], files: RankFiles, local_rank: int, pool: WarmPool | None
+) -> tuple[RankHandler, str]:
+    """The rank's handler and how it started: ``"warm"`` (a pool process became the rank) or
+    ``"cold"`` (a fresh Popen: no pool, pool empty, not a Python command, or an environment a
+    running interpreter cannot honour)."""
+    if pool is None or pool.size == 0:
+        return RankHandler(command, env, files, local_rank), "cold"
+    full_env = {**os.environ, **env}  # what SubprocessHandler will hand the process
+    eligible = warm_request(
+        command.entrypoint, command.args, command.cwd, full_env, files.stdout, files.stderr
+    ) is not None and not must_start_cold(full_env, pool.start_env)
+    warm = pool.take() if eligible else None
+    if warm is None:
+        return RankHandler(command, env, files, local_rank), "cold"
+    try:
+        return WarmRankHandler(command, env, files, local_rank, warm), "warm"
+    except WarmLaunchError as exc:
+        logger.warning("rank %s starts cold: %s", local_rank, exc)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(warm.pid, signal.SIGKILL)
+        warm.wait()
+        pool.forget(warm.pid)
+        return RankHandler(command, env, files, local_rank), "cold"
 
 
 def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:

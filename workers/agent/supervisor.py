@@ -41,9 +41,11 @@ from workers.agent.launcher import (
     global_rank,
     rank_command,
     rank_env,
+    start_rank,
 )
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
+from workers.agent.warmpool import WarmPool
 from workers.protocol import RankExit, RankStatus, RoundSpec, RoundStatus
 
 logger = logging.getLogger(__name__)
@@ -183,8 +185,10 @@ class Supervisor(threading.Thread):
         control: ControlClient,
         shipper: TelemetryShipper,
         reaper: ReaperClient,
+        pool: WarmPool | None = None,
     ) -> None:
         super().__init__(name="supervisor", daemon=True)
+        self._pool = pool
         self._config = config
         self._session = session
         self._control = control
@@ -351,12 +355,16 @@ class Supervisor(threading.Thread):
         try:
             command = rank_command(spec, bundle_dir)
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
+            if self._pool is not None:
+                self._pool.hold()
+            starts = []
             for local_rank in range(spec["nproc_per_node"]):
                 files = RankFiles.for_rank(self._config, spec, local_rank)
                 files.prepare()
                 env = rank_env(self._config, spec, local_rank, files)
                 env[ENV_AGENT_SESSION] = self._session
-                handler = RankHandler(command, env, files, local_rank)
+                handler, how = start_rank(command, env, files, local_rank, self._pool)
+                starts.append(how)
                 self._reaper.watch(handler.proc.pid)
                 rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
                 local.ranks.append(rank)
@@ -369,11 +377,12 @@ class Supervisor(threading.Thread):
             return
         local.state = "running"
         logger.info(
-            "job %s round %s: started ranks %s (pids %s)",
+            "job %s round %s: started ranks %s (pids %s, %s)",
             spec["job_id"],
             spec["round"],
             [r.rank for r in local.ranks],
             [r.pid for r in local.ranks],
+            starts,
         )
 
     def _fail_launch(self, local: LocalRound, message: str) -> None:
