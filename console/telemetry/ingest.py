@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Iterable
@@ -121,7 +122,7 @@ LOG_INSERT = """
 
 
 def store_metrics(
-    rows: list[tuple[int, int, int, int, int, str, float, float]], replay: bool = True
+    rows: list[tuple[int, int, int, int, int, str, float, float]], replay: bool = True, text: str = ""
 ) -> list[tuple[int, int, int, int, str, float, float]]:
     """Store points (job, round, rank, seq, step, name, value, t) with their tiles, inside the
     caller's transaction. Returns the (job, round, rank, step, name, value, t) of stored points
@@ -136,8 +137,11 @@ def store_metrics(
         with raw.copy(
             "COPY ingest_metric (job_id, round_number, rank, seq, step, name, value, t) FROM STDIN"
         ) as copy:
-            for start in range(0, len(rows), COPY_CHUNK):
-                copy.write(copy_text(rows[start : start + COPY_CHUNK]))
+            if text:
+                copy.write(text)
+            else:
+                for start in range(0, len(rows), COPY_CHUNK):
+                    copy.write(copy_text(rows[start : start + COPY_CHUNK]))
         if replay:
             raw.execute(METRIC_INSERT_RETURNING, (FRAME_RANK, list(ANOMALY_NAMES)))
             result: list[tuple[int, int, int, int, str, float, float]] = raw.fetchall()
@@ -334,6 +338,18 @@ def decode_batch(raw: bytes | str, into: Decoded) -> None:
 
 
 @dataclass
+class Prepared:
+    """One read, decoded and ready to store."""
+
+    entry_ids: list[bytes]
+    decoded: Decoded
+    known: set[int]
+    metrics: list[tuple[int, int, int, int, int, str, float, float]]
+    metric_text: str
+    replay: bool
+
+
+@dataclass
 class JobFrame:
     round_number: int = 0
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
@@ -397,6 +413,8 @@ class Ingestor:
         self.broadcaster = broadcaster
         self.frame_interval = frame_interval
         self.detector = AnomalyDetector()
+        # Guards frames and the stats counters, which the writer thread of a Pipeline updates.
+        self.lock = threading.Lock()
         self.frames: dict[int, JobFrame] = {}
         self.frame_numbers: dict[int, int] = {}
         self.last_flush = time.monotonic()
@@ -406,6 +424,9 @@ class Ingestor:
         # Start by re-reading our own pending entries: a crash after commit and before ack, or
         # before commit, leaves them there.
         self.backlog = True
+        # Where the next backlog read starts: entries read but not yet acked (still on their way
+        # through the writer) stay pending, and must not be read again.
+        self.backlog_cursor = "0"
         # True while the entries being handled were delivered before (pending after a crash):
         # only then can rows already exist, and only then is RETURNING needed to tell new from old.
         self.replaying = False
@@ -423,8 +444,13 @@ class Ingestor:
 
     def read(self, block_ms: int = BLOCK_MS) -> list[tuple[bytes, dict[bytes, bytes]]]:
         if self.backlog:
-            reply = self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=READ_COUNT)
+            reply = self.redis.xreadgroup(
+                self.group, self.consumer, {self.stream: self.backlog_cursor}, count=READ_COUNT
+            )
             entries = reply[0][1] if reply else []
+            if entries:
+                last = entries[-1][0]
+                self.backlog_cursor = last.decode() if isinstance(last, bytes) else str(last)
             # Entries whose data was trimmed away come back empty: ack them so they stop coming.
             gone = [eid for eid, fields in entries if not fields]
             if gone:
@@ -434,6 +460,7 @@ class Ingestor:
                 self.replaying = True
                 return entries
             self.backlog = False
+            self.backlog_cursor = "0"
         self.replaying = False
         self._claim_abandoned()
         reply = self.redis.xreadgroup(
@@ -451,7 +478,12 @@ class Ingestor:
         )
         if claimed:
             log.info("took over %d entries abandoned by another ingest consumer", len(claimed))
-            self.backlog = True
+            self.restart_backlog()
+
+    def restart_backlog(self) -> None:
+        """Read this consumer's pending entries again, from the oldest (after a failure)."""
+        self.backlog = True
+        self.backlog_cursor = "0"
 
     # --- one pass --------------------------------------------------------------------------
     def run_once(self, block_ms: int = BLOCK_MS) -> int:
@@ -481,6 +513,10 @@ class Ingestor:
             self.redis.xtrim(self.stream, minid=f"{ms}-{seq}", approximate=False)
 
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        return self.commit(self.prepare(entries, self.replaying))
+
+    def prepare(self, entries: list[tuple[bytes, dict[bytes, bytes]]], replay: bool) -> Prepared:
+        """Decode entries into rows ready to store: the CPU half of a pass, no writes."""
         decoded = Decoded()
         for entry_id, fields in entries:
             raw = fields.get(b"batch")
@@ -492,22 +528,47 @@ class Ingestor:
                 log.warning("dropping malformed telemetry entry %s: %s", entry_id.decode(), exc)
         if decoded.bad_records:
             log.warning("skipped %d malformed telemetry records", decoded.bad_records)
-        stored = self.store(decoded)
-        # Ack strictly after the commit inside store(): a crash before this line replays them.
-        self.redis.xack(self.stream, self.group, *[eid for eid, _ in entries])
-        self.entries_since_stats += len(entries)
-        self.records_since_stats += decoded.records
-        return stored
+        return self._prepare_decoded(decoded, replay, [eid for eid, _ in entries])
 
-    def store(self, decoded: Decoded) -> int:
+    def _prepare_decoded(self, decoded: Decoded, replay: bool, entry_ids: list[bytes]) -> Prepared:
         known = set(Job.objects.filter(pk__in=decoded.job_ids).values_list("pk", flat=True))
         unknown = decoded.job_ids - known
         if unknown:
             log.warning("dropping telemetry for unknown jobs %s", sorted(unknown))
         metrics = [m for m in decoded.metrics if m[0] in known]
+        return Prepared(
+            entry_ids=entry_ids,
+            decoded=decoded,
+            known=known,
+            metrics=metrics,
+            metric_text=copy_text(metrics) if metrics and connection.vendor == "postgresql" else "",
+            replay=replay,
+        )
+
+    def commit(self, prepared: Prepared) -> int:
+        """Store, commit, then ack: the database half of a pass."""
+        stored = self._write(prepared)
+        # Ack strictly after the commit inside _write(): a crash before this line replays them.
+        if prepared.entry_ids:
+            self.redis.xack(self.stream, self.group, *prepared.entry_ids)
+        with self.lock:
+            self.entries_since_stats += len(prepared.entry_ids)
+            self.records_since_stats += prepared.decoded.records
+        return stored
+
+    def store(self, decoded: Decoded, replay: bool = True) -> int:
+        """Store decoded records (no stream involved); returns the number of metric points."""
+        return self._write(self._prepare_decoded(decoded, replay, []))
+
+    def _write(self, prepared: Prepared) -> int:
+        decoded, known = prepared.decoded, prepared.known
         logs = [entry for entry in decoded.logs if entry[0] in known]
         with transaction.atomic():
-            stored_points = self._store_metrics(metrics, self.replaying) if metrics else []
+            stored_points = (
+                store_metrics(prepared.metrics, prepared.replay, prepared.metric_text)
+                if prepared.metrics
+                else []
+            )
             stored_logs = self._store_logs(logs) if logs else []
             self._store_checkpoints([c for c in decoded.checkpoints if c[0] in known])
             self._store_events([e for e in decoded.events if e[0] in known])
@@ -524,14 +585,10 @@ class Ingestor:
                         severity=anomaly.severity,
                         **anomaly.data,
                     )
-        self.points_since_stats += len(metrics)
-        self._add_to_frames(stored_points, stored_logs)
-        return len(metrics)
-
-    def _store_metrics(
-        self, rows: list[tuple[int, int, int, int, int, str, float, float]], replay: bool
-    ) -> list[tuple[int, int, int, int, str, float, float]]:
-        return store_metrics(rows, replay)
+        with self.lock:
+            self.points_since_stats += len(prepared.metrics)
+            self._add_to_frames(stored_points, stored_logs)
+        return len(prepared.metrics)
 
     def _store_logs(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         if connection.vendor != "postgresql":
@@ -625,7 +682,8 @@ class Ingestor:
         if not force and now - self.last_flush < self.frame_interval:
             return
         self.last_flush = now
-        frames, self.frames = self.frames, {}
+        with self.lock:
+            frames, self.frames = self.frames, {}
         for job_id, frame in frames.items():
             number = self.frame_numbers.get(job_id, 0) + 1
             self.frame_numbers[job_id] = number
@@ -656,13 +714,73 @@ class Ingestor:
         if not force and elapsed < STATS_EVERY:
             return
         self.last_stats = now
-        rate = self.points_since_stats / elapsed if elapsed > 0 else 0.0
+        with self.lock:
+            points, records, entries = (
+                self.points_since_stats,
+                self.records_since_stats,
+                self.entries_since_stats,
+            )
+            self.points_since_stats = self.records_since_stats = self.entries_since_stats = 0
+        rate = points / elapsed if elapsed > 0 else 0.0
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(STATS_KEY, "points_total", self.points_since_stats)
-        pipe.hincrby(STATS_KEY, "records_total", self.records_since_stats)
-        pipe.hincrby(STATS_KEY, "entries_total", self.entries_since_stats)
+        pipe.hincrby(STATS_KEY, "points_total", points)
+        pipe.hincrby(STATS_KEY, "records_total", records)
+        pipe.hincrby(STATS_KEY, "entries_total", entries)
         pipe.hset(
             STATS_KEY, mapping={f"rate:{self.consumer}": f"{rate:.1f}", f"seen:{self.consumer}": time.time()}
         )
         pipe.execute()
-        self.points_since_stats = self.records_since_stats = self.entries_since_stats = 0
+
+
+# Reads decoded ahead of the writer. Two keep PostgreSQL busy while the next read is decoded;
+# more would only hold more unacked entries in memory.
+PIPELINE_DEPTH = 2
+
+
+class Pipeline:
+    """Overlaps the two halves of a pass: the calling thread reads and decodes the next entries
+    while a writer thread stores, commits and acks the previous ones (psycopg releases the GIL
+    while PostgreSQL works). Order is kept: one writer, a FIFO queue.
+
+    After a failed write the writer skips everything queued behind it (none of it is acked) and
+    reports the error through ``take_error``; the caller then re-reads its pending entries."""
+
+    def __init__(self, ingestor: Ingestor, depth: int = PIPELINE_DEPTH) -> None:
+        self.ingestor = ingestor
+        self.queue: queue.Queue[Prepared | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, prepared: Prepared) -> None:
+        self.queue.put(prepared)
+
+    def take_error(self) -> BaseException | None:
+        """The writer's failure, once everything queued behind it has been skipped."""
+        if self.error is None:
+            return None
+        self.queue.join()
+        error, self.error = self.error, None
+        return error
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self.queue.get()
+                try:
+                    if item is None:
+                        return
+                    if self.error is None:
+                        try:
+                            self.ingestor.commit(item)
+                        except Exception as exc:
+                            self.error = exc
+                            connection.close()  # a broken connection must not be reused
+                finally:
+                    self.queue.task_done()
+        finally:
+            connection.close()

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from console.telemetry.ingest import FRAME_INTERVAL, Broadcaster, Ingestor
+from console.telemetry.ingest import FRAME_INTERVAL, Broadcaster, Ingestor, Pipeline
 
 log = logging.getLogger("console.telemetry.ingest")
 
@@ -50,19 +50,28 @@ class Command(BaseCommand):
             client, options["consumer"], broadcaster=broadcaster, frame_interval=options["frame_interval"]
         )
         log.info("ingest %s consuming %s", options["consumer"], ingestor.stream)
+        pipeline = Pipeline(ingestor)
         delay = RETRY_MIN
         group_ready = False
         try:
             while not self.stopping:
                 try:
+                    error = pipeline.take_error()
+                    if error is not None:
+                        raise error
                     if not group_ready:
                         ingestor.ensure_group()
                         group_ready = True
-                    ingestor.run_once()
+                    entries = ingestor.read()
+                    if entries:
+                        pipeline.submit(ingestor.prepare(entries, ingestor.replaying))
+                    ingestor.maybe_flush()
+                    ingestor.maybe_report_stats()
+                    ingestor.maybe_trim()
                     delay = RETRY_MIN
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     log.warning("redis unavailable (%s); retrying in %.1fs", exc, delay)
-                    self._after_failure(ingestor, delay)
+                    self._after_failure(ingestor, pipeline, delay)
                     # A restarted Redis without persistence has no group; make it again.
                     group_ready = False
                     delay = min(RETRY_MAX, delay * 2)
@@ -70,20 +79,25 @@ class Command(BaseCommand):
                     if "NOGROUP" in str(exc):
                         group_ready = False
                     log.warning("redis error (%s); retrying in %.1fs", exc, delay)
-                    self._after_failure(ingestor, delay)
+                    self._after_failure(ingestor, pipeline, delay)
                     delay = min(RETRY_MAX, delay * 2)
                 except Exception:
                     log.exception("ingest pass failed; its entries stay pending and are retried")
                     close_old_connections()
-                    self._after_failure(ingestor, delay)
+                    self._after_failure(ingestor, pipeline, delay)
                     delay = min(RETRY_MAX, delay * 2)
         finally:
+            pipeline.close()
             ingestor.maybe_flush(force=True)
             broadcaster.close()
             log.info("ingest %s stopped", options["consumer"])
 
-    def _after_failure(self, ingestor: Ingestor, delay: float) -> None:
-        ingestor.backlog = True
+    def _after_failure(self, ingestor: Ingestor, pipeline: Pipeline, delay: float) -> None:
+        # Whatever was queued behind the failure is skipped unacked; wait for that, then start
+        # again from the oldest pending entry.
+        pipeline.take_error()
+        pipeline.queue.join()
+        ingestor.restart_backlog()
         deadline = time.monotonic() + delay
         while not self.stopping and time.monotonic() < deadline:
             time.sleep(0.05)
