@@ -9,7 +9,7 @@ import redis
 from django.conf import settings
 
 from console.jobs.models import Checkpoint, Job
-from console.telemetry.ingest import Decoded, Ingestor, decode_batch
+from console.telemetry.ingest import Decoded, Ingestor, Pipeline, decode_batch
 from console.telemetry.models import Event, LogLine, Metric
 from console.telemetry.testing import batch, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
@@ -146,3 +146,37 @@ def test_unknown_jobs_and_malformed_entries_are_acked_and_dropped(client: redis.
 
     assert pending(client) == 0
     assert list(Metric.objects.values_list("job_id", "step", "name", "value")) == [(job.pk, 5, "loss", 0.25)]
+
+
+def test_failed_write_leaves_it_and_everything_queued_behind_it_pending(
+    client: redis.Redis, job: Job
+) -> None:
+    # Given three entries decoded ahead of the writer, the second for a job deleted meanwhile
+    doomed = Job.objects.create(name="doomed", workload="mlp", round_number=1)
+    xadd(client, batch(job.pk, metric_records(range(0, 10))))
+    xadd(client, batch(doomed.pk, [{"kind": "log", "seq": 1, "t": 1.0, "stream": "stdout", "text": "x"}]))
+    xadd(client, batch(job.pk, metric_records(range(10, 20))))
+    ingestor = Ingestor(client, "pipelined")
+    ingestor.ensure_group()
+    entries = ingestor.read(block_ms=10)
+    prepared = [ingestor.prepare([entry], replay=False) for entry in entries]
+    Job.objects.filter(pk=doomed.pk).delete()
+
+    # When the writer stores them in order
+    pipeline = Pipeline(ingestor)
+    for item in prepared:
+        pipeline.submit(item)
+    pipeline.queue.join()
+    error = pipeline.take_error()
+    pipeline.close()
+
+    # Then the first is stored and acked; the failed one and the one behind it stay pending
+    assert error is not None
+    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(10))
+    assert pending(client) == 2
+
+    # and re-reading the backlog finishes them: the deleted job's entry is dropped, the rest stored
+    ingestor.restart_backlog()
+    drain(ingestor)
+    assert pending(client) == 0
+    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(20))
