@@ -51,6 +51,19 @@ def redirect(fd: int, path: str) -> None:
         os.close(opened)
 
 
+def retitle(argv: list[str]) -> None:
+    """Shows the rank's command line in ps and /proc/<pid>/cmdline, as a cold rank's would be
+    (operators and tools find ranks by their script). The pool starts this interpreter with a
+    blank padding argument, so the title fits in argv's own memory and SPT_NOENV keeps
+    setproctitle off the environment block, where the reaper looks for the session marker."""
+    os.environ["SPT_NOENV"] = "1"
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(" ".join(argv))
+
+
 def become_rank(request: dict[str, Any]) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -61,6 +74,10 @@ def become_rank(request: dict[str, Any]) -> None:
     redirect(2, request["stderr"])
     if request.get("cwd"):
         os.chdir(request["cwd"])
+    target = str(request["target"])
+    args = [str(arg) for arg in request["args"]]
+    script = request["mode"] == "script"
+    retitle([sys.executable, target, *args] if script else [sys.executable, "-m", target, *args])
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -71,9 +88,7 @@ def become_rank(request: dict[str, Any]) -> None:
     # Directories that appeared after this interpreter started (a freshly extracted bundle)
     # must not be hidden by a stale import-system listing.
     importlib.invalidate_caches()
-    target = str(request["target"])
-    args = [str(arg) for arg in request["args"]]
-    if request["mode"] == "script":
+    if script:
         sys.argv = [target, *args]
         # As `python script.py`: the script's own directory (symlinks resolved) comes first.
         sys.path[0] = os.path.dirname(os.path.realpath(target))

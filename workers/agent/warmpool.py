@@ -39,6 +39,8 @@ DEFAULT_WARM_POOL = 2
 REFILL_DELAY_SECONDS = 3.0
 POOL_TICK_SECONDS = 0.2
 CLOSE_WAIT_SECONDS = 5.0
+TITLE_PADDING = " " * 4096
+"""Room in argv for the rank's command line once a warm process becomes a rank (warm.retitle)."""
 
 START_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC", "OMP_", "KMP_", "MKL_", "TORCH_", "CUDA_", "GOMP_")
 """Variables read when the interpreter, libc's allocator, OpenMP, MKL or torch start: a warm
@@ -202,7 +204,7 @@ class WarmPool:
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self._log_path.open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.agent.warm"],
+                [sys.executable, "-m", "workers.agent.warm", TITLE_PADDING],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
