@@ -1,13 +1,15 @@
 """SDK cost: overhead on the digits workload's step, and asynchronous checkpoint blocking time.
 
-    .venv/bin/python bench/sdk/run.py [--pairs 31] [--steps 200] [--reps 5]
+    .venv/bin/python bench/sdk/run.py [--pairs 61] [--steps 200] [--reps 5]
 
 1. Overhead: the digits-mlp training step (its model, data, Adam, clipping; one process, CPU),
    run as ``pairs`` interleaved pairs of ``steps``-step runs, one without SDK calls and one with
-   the calls a script makes every step: ``with sdk.step(...)``, ``watcher.after_backward``
-   (statistics every 100 steps, the workload's default), ``sdk.log(step, loss=...)`` and
-   ``sdk.should_stop(step)``, with telemetry written to a file as inside the console. The
-   overhead is the median over pairs of (mean step time with / without - 1), as a percentage.
+   the SDK calls the digits workload makes: ``with sdk.step(...)`` and ``sdk.should_stop(step)``
+   every step, ``watcher.after_backward`` (statistics every 100 steps) and ``sdk.log(step,
+   loss=...)`` every 10 steps (the workload's defaults), telemetry written to a file as inside
+   the console. The overhead is the median over pairs of (mean CPU time per step with / without
+   - 1), as a percentage. Then each call alone (CPU time, including the telemetry thread's
+   serialising), so a script that logs every step can work out its own cost.
 2. Checkpoints: a 134 MB model state (two 4096x4096 fp32 layers). Plain ``torch.save`` to a
    file against ``AsyncCheckpointer.save`` (the time the training loop is blocked: the copy into
    host buffers); medians of ``reps`` saves, the asynchronous one in steady state (buffers
@@ -24,11 +26,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+# The digits workload's default log_every.
+LOG_EVERY = 10
 TELEMETRY_DIR = Path(tempfile.mkdtemp(prefix="trainyard-bench-sdk-"))
 # Before the SDK is imported: it reads the environment on first use.
 os.environ["TRAINYARD_TELEMETRY"] = str(TELEMETRY_DIR / "telemetry.jsonl")
@@ -49,17 +54,19 @@ def digits_run(
     watcher: sdk.Watcher | None,
     steps: int,
     first: int,
+    log_every: int = LOG_EVERY,
 ) -> float:
     """Runs ``steps`` steps, with the SDK calls when ``watcher`` is given; returns the mean step time.
 
-    The mean, not the median: the watcher's statistics every 100 steps are part of the cost.
+    Process CPU time, not wall time: other work on a shared machine then barely moves it, and the
+    telemetry thread's CPU is counted with the step. The mean, not the median: the watcher's
+    statistics every 100 steps are part of the cost.
     """
-    times = []
     model = task.model
     batches = [task.batch(first + i, 0) for i in range(steps)]
+    started = time.process_time()
     for offset in range(steps):
         step = first + offset
-        started = time.perf_counter()
         if watcher is not None:
             with sdk.step(step, samples=64):
                 loss = task.loss(model, batches[offset])
@@ -68,7 +75,8 @@ def digits_run(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            sdk.log(step, loss=loss.detach())
+            if step % log_every == 0:
+                sdk.log(step, loss=loss.detach())
             sdk.should_stop(step)
         else:
             loss = task.loss(model, batches[offset])
@@ -76,8 +84,9 @@ def digits_run(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - started)
-    return statistics.fmean(times)
+    if watcher is not None:
+        sdk.flush()  # the serialising this run caused is charged to it
+    return (time.process_time() - started) / steps
 
 
 def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
@@ -85,8 +94,6 @@ def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
     runtime = Runtime(0, 0, 1, torch.device("cpu"), False, "fp32", 1)
     task = DigitsTask(hp, runtime)
     optimizer = torch.optim.Adam(task.model.parameters(), lr=hp["lr"])
-    # The watcher hooks the optimizer's step; the runs without the SDK keep that hook (it returns
-    # at once when no statistics are due), so the comparison is of the per-step calls alone.
     watcher = sdk.watch(task.model, every=hp["watch_every"], optimizer=optimizer)
     digits_run(task, optimizer, watcher, steps, 1)  # warm-up: allocator, telemetry thread
     digits_run(task, optimizer, None, steps, 1)
@@ -106,30 +113,42 @@ def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
     return statistics.median(plain), statistics.median(with_sdk), (statistics.median(ratios) - 1) * 100
 
 
-def measure_call_cost(reps: int = 7, steps: int = 2000) -> float:
-    """The SDK calls of one step alone (same sequence, real gradients), mean seconds per step.
-
-    On a shared machine the A/B comparison above carries noise of a few percent; this isolates
-    the calls themselves, including the watcher's statistics every 100 steps.
-    """
+def measure_call_costs(steps: int = 20000, reps: int = 3) -> dict[str, float]:
+    """CPU microseconds per call of each SDK call alone (telemetry thread's work included)."""
     hp = validate_hyperparameters("digits-mlp", {})
     task = DigitsTask(hp, Runtime(0, 0, 1, torch.device("cpu"), False, "fp32", 1))
     optimizer = torch.optim.Adam(task.model.parameters(), lr=hp["lr"])
     task.loss(task.model, task.batch(1, 0)).backward()
     watcher = sdk.watch(task.model, every=hp["watch_every"], optimizer=optimizer)
     loss = torch.tensor(0.5)
-    means = []
-    for rep in range(reps):
-        started = time.perf_counter()
-        for step in range(rep * steps + 1, (rep + 1) * steps + 1):
-            with sdk.step(step, samples=64):
-                watcher.after_backward(step)
-                if step % watcher.every == 0:
-                    watcher.after_step()  # what the optimizer hook runs
-            sdk.log(step, loss=loss)
-            sdk.should_stop(step)
-        means.append((time.perf_counter() - started) / steps)
-    return statistics.median(means)
+
+    def timed_step(step: int) -> None:
+        with sdk.step(step, samples=64):
+            pass
+
+    def watched(step: int) -> None:
+        watcher.after_backward(step)
+        if step % watcher.every == 0:
+            watcher.after_step()  # what the optimizer hook runs after a measured step
+
+    calls: dict[str, Callable[[int], object]] = {
+        "with sdk.step(...)": timed_step,
+        "sdk.log(step, loss=<tensor>)": lambda step: sdk.log(step, loss=loss),
+        "sdk.log(step, loss=<float>)": lambda step: sdk.log(step, loss=0.5),
+        "sdk.should_stop(step)": sdk.should_stop,
+        "watcher (every 100, amortised)": watched,
+    }
+    costs = {}
+    for name, call in calls.items():
+        samples = []
+        for rep in range(reps):
+            started = time.process_time()
+            for step in range(rep * steps + 1, (rep + 1) * steps + 1):
+                call(step)
+            sdk.flush()
+            samples.append((time.process_time() - started) / steps * 1e6)
+        costs[name] = statistics.median(samples)
+    return costs
 
 
 def big_state() -> dict[str, torch.Tensor]:
@@ -183,19 +202,28 @@ def main() -> None:
     torch.set_num_threads(1)
 
     base, instrumented, overhead = measure_overhead(args.pairs, args.steps)
-    call_cost = measure_call_cost()
+    costs = measure_call_costs()
+    workload_calls = (
+        costs["with sdk.step(...)"]
+        + costs["sdk.should_stop(step)"]
+        + costs["watcher (every 100, amortised)"]
+        + costs["sdk.log(step, loss=<tensor>)"] / LOG_EVERY
+    )
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-ckpt-", dir=TELEMETRY_DIR) as scratch:
         checkpoints = measure_checkpoints(args.reps, Path(scratch))
     sdk.flush()
     shutil.rmtree(TELEMETRY_DIR, ignore_errors=True)
     ratio = checkpoints["async_blocking_ms"] / checkpoints["torch_save_ms"]
 
-    print(f"SDK overhead, digits-mlp step (1 process, CPU), {args.pairs} pairs x {args.steps} steps")
+    print(f"SDK overhead, digits-mlp step (1 process, CPU time), {args.pairs} pairs x {args.steps} steps")
     print(f"  {'step without SDK (median of means)':<34}{base * 1e6:>10.1f} us")
     print(f"  {'step with SDK calls':<34}{instrumented * 1e6:>10.1f} us")
     print(f"  {'overhead (median of pair ratios)':<34}{overhead:>10.2f} %")
-    print(f"  {'SDK calls alone, per step':<34}{call_cost * 1e6:>10.1f} us")
-    print(f"  {'  as share of the plain step':<34}{call_cost / base * 100:>10.2f} %")
+    print("SDK calls alone, CPU us per call (medians)")
+    for name, cost in costs.items():
+        print(f"  {name:<34}{cost:>10.2f} us")
+    print(f"  {'the workload pattern, per step':<34}{workload_calls:>10.2f} us")
+    print(f"  {'  as share of the plain step':<34}{workload_calls / (base * 1e6) * 100:>10.2f} %")
     print(f"Checkpoint of a {checkpoints['state_mb']:.0f} MB state, medians of {args.reps}")
     print(f"  {'torch.save (plain)':<34}{checkpoints['torch_save_ms']:>10.1f} ms")
     print(f"  {'sdk.save (atomic, fsync)':<34}{checkpoints['atomic_save_ms']:>10.1f} ms")
@@ -210,8 +238,9 @@ def main() -> None:
                 "sdk_overhead_percent": round(overhead, 3),
                 "step_us_without_sdk": round(base * 1e6, 1),
                 "step_us_with_sdk": round(instrumented * 1e6, 1),
-                "sdk_calls_us_per_step": round(call_cost * 1e6, 2),
-                "sdk_calls_percent": round(call_cost / base * 100, 3),
+                "sdk_calls_us_per_step": round(workload_calls, 2),
+                "sdk_calls_percent": round(workload_calls / (base * 1e6) * 100, 3),
+                "sdk_log_us": round(costs["sdk.log(step, loss=<tensor>)"], 2),
                 "torch_save_ms": round(checkpoints["torch_save_ms"], 1),
                 "atomic_save_ms": round(checkpoints["atomic_save_ms"], 1),
                 "async_first_blocking_ms": round(checkpoints["async_first_blocking_ms"], 1),
