@@ -11,6 +11,8 @@ from typing import Any
 
 from django.conf import settings
 from django.http import FileResponse, Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, permissions, serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.generics import ListAPIView, RetrieveAPIView
@@ -50,6 +52,15 @@ class BundleListCreate(ListAPIView[Bundle]):
     permission_classes = [IsOperatorForUpload]
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(
+        request={
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {"file": {"type": "string", "format": "binary"}},
+            }
+        },
+        responses={201: BundleSerializer},
+    )
     def post(self, request: Request) -> Response:
         limit: int = settings.BUNDLE_MAX_BYTES
         try:
@@ -107,7 +118,12 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
 class BundleArchive(RetrieveAPIView[Bundle]):
     authentication_classes = [NodeTokenAuthentication, TokenAuthentication, SessionAuthentication]
     queryset = Bundle.objects.all()
+    serializer_class = BundleSerializer
     lookup_field = "sha256"
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:  # type: ignore[override]
+        return self.retrieve(request, *args, **kwargs)
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:  # type: ignore[override]
         bundle = self.get_object()
