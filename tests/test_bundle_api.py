@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
+from console.api.models import ApiToken
 from console.jobs.models import Bundle
 from tests.test_bundle_extract import (
     absolute_path_tar,
@@ -88,6 +89,10 @@ def test_operator_uploads_dedupes_and_agents_download(
     signed_in = _client(viewer).get(url)
     assert signed_in.status_code == 200
     assert b"".join(signed_in.streaming_content) == content  # type: ignore[attr-defined]
+    _, raw = ApiToken.issue(viewer, "cli")
+    with_api_token = APIClient()
+    with_api_token.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert with_api_token.get(url).status_code == 200
 
     assert APIClient().get(url).status_code == 401
     impostor = APIClient()
