@@ -200,39 +200,50 @@ def bench_ingest_rate(
 async def watch(
     url: str, cookie: str, seconds: float, ready: asyncio.Event, go: asyncio.Event, result: dict[str, Any]
 ) -> None:
+    """One viewer. A failed handshake (daphne drops a socket its consumer has not accepted
+    within 5 s when the machine is overloaded) is recorded, not fatal: it shows up as a client
+    that received nothing."""
     from websockets.asyncio.client import connect
 
     latencies: list[float] = []
     frames: list[int] = []
-    async with connect(
-        url,
-        origin="http://127.0.0.1",  # type: ignore[arg-type]
-        additional_headers={"Cookie": cookie},
-        compression=None,
-        max_queue=None,
-        open_timeout=60,
-    ) as ws:
-        state = json.loads(await ws.recv())
-        assert state["type"] == "state", state
+    result.update(latencies=latencies, frames=0, gaps=0, last=None, error=None)
+    try:
+        async with connect(
+            url,
+            origin="http://127.0.0.1",  # type: ignore[arg-type]
+            additional_headers={"Cookie": cookie},
+            compression=None,
+            max_queue=None,
+            open_timeout=60,
+        ) as ws:
+            state = json.loads(await ws.recv())
+            assert state["type"] == "state", state
+            ready.set()
+            await go.wait()
+            start = time.time()
+            end = start + seconds
+            while (remaining := end - time.time()) > 0:
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), remaining)
+                except TimeoutError:
+                    break
+                arrived = time.time()
+                message = json.loads(raw)
+                if message.get("type") != "metrics":
+                    continue
+                frames.append(message["frame"])
+                if arrived - start < WARMUP_SECONDS:
+                    continue
+                latencies.extend(
+                    arrived - v for _, v in message["series"].get("t_append", []) if v is not None
+                )
+    except Exception as exc:
+        result["error"] = repr(exc)
+    finally:
         ready.set()
-        await go.wait()
-        start = time.time()
-        end = start + seconds
-        while (remaining := end - time.time()) > 0:
-            try:
-                raw = await asyncio.wait_for(ws.recv(), remaining)
-            except TimeoutError:
-                break
-            arrived = time.time()
-            message = json.loads(raw)
-            if message.get("type") != "metrics":
-                continue
-            frames.append(message["frame"])
-            if arrived - start < WARMUP_SECONDS:
-                continue
-            latencies.extend(arrived - v for _, v in message["series"].get("t_append", []) if v is not None)
     gaps = sum(max(0, b - a - 1) for a, b in itertools.pairwise(frames))
-    result.update(latencies=latencies, frames=len(frames), gaps=gaps, last=frames[-1] if frames else None)
+    result.update(frames=len(frames), gaps=gaps, last=frames[-1] if frames else None)
 
 
 async def run_clients(
@@ -409,6 +420,9 @@ def live_phases(
         figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
         figures["fanout_gaps"] = sum(r["gaps"] for r in many)
         figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
+        failed = [r["error"] for r in many if r["error"]]
+        if failed:
+            print(f"fanout: {len(failed)} clients failed, e.g. {failed[0]}", flush=True)
         lasts = sorted({r["last"] for r in many}, key=str)
         print(
             f"fanout: {figures['fanout_clients']} clients p50 {figures['fanout_p50_ms']} ms "
