@@ -152,6 +152,8 @@ DISTRIBUTED_SCRIPT = textwrap.dedent(
     if rank == 1:
         sdk.request_stop()
     stopped_at = next(s for s in range(1, 100) if sdk.should_stop(s))
+    # Outside the console only rank 0 prints its line (every 10 steps by default).
+    sdk.log(10, rank=rank)
     with open(out + f".{rank}", "w") as handle:
         json.dump({
             "step": step, "w": loaded["w"].tolist(), "sharded_step": sharded_step,
@@ -191,6 +193,7 @@ def test_ddp_and_sharded_checkpoints_under_plain_torchrun(tmp_path: Path) -> Non
         timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("[step")] == ["[step 10] rank 0"]
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"out.{rank}").read_text())
         assert seen["step"] == 3 and seen["w"] == [float(i) for i in range(10)]  # rank 0's state
