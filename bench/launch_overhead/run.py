@@ -1,17 +1,21 @@
 """Launch overhead: tests/scripts/ddp_train.py (1 node x 2 gloo processes) started through a
-Trainyard agent versus bare ``torchrun --standalone --nproc-per-node 2``.
+Trainyard agent with its warm pool (the default, ``--warm-pool 2``), through an agent without
+one (``--warm-pool 0``: every rank a cold ``python script.py``), and by bare
+``torchrun --standalone --nproc-per-node 2``.
 
-For each launcher, RUNS runs (interleaved, alternating which goes first) measure
+For each launcher, RUNS runs (interleaved, rotating which goes first) measure
 - time to first step: from the launch (Celery send_task to the agent / Popen of torchrun) to
   the wall-clock time rank 0 logged step 1 in its progress file;
 - steps/s: steps per second from the end of the first tenth of the run to the last step.
-Medians are printed, then one JSON line.
+Medians are printed, then one JSON line. Before each warm run the bench waits until the pool
+holds 2 interpreters done importing (a refill is part of the steady state, not of a launch).
 
     .venv/bin/python bench/launch_overhead/run.py    # REDIS_URL picks the Redis db (default 2)
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -25,7 +29,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+import psutil  # noqa: E402
+
 from tests.support.agents import (  # noqa: E402
+    AgentProcess,
     ControlQueue,
     free_port,
     read_progress,
@@ -37,7 +44,9 @@ from workers import protocol  # noqa: E402
 RUNS = 5
 STEPS = 2000
 """Long enough (several seconds) that the steps/s figure is not at the mercy of one hiccup."""
-AGENT_NAME = "bench-launch"
+AGENTS = {"agent": ("bench-launch", 2), "agent-cold": ("bench-launch-cold", 0)}
+"""Launcher name -> (agent name, --warm-pool)."""
+POOL_READY_TIMEOUT = 120.0
 RUN_TIMEOUT = 180.0
 
 
@@ -50,10 +59,45 @@ def measure(progress: Path, launched_at: float) -> tuple[float, float]:
     return steps[0]["t"] - launched_at, (last["step"] - steady["step"]) / (last["t"] - steady["t"])
 
 
-def run_agent_once(queue: ControlQueue, work: Path, index: int) -> tuple[float, float]:
-    progress = work / f"agent-{index}.jsonl"
+def idle_warm(agent: AgentProcess) -> list[psutil.Process]:
+    found = []
+    for proc in agent.descendants():
+        try:
+            if "workers.agent.warm" in proc.cmdline():
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_pool_ready(agent: AgentProcess, size: int) -> None:
+    """Until ``size`` idle warm interpreters exist and none used CPU for half a second (their
+    imports are done and they are blocked on their launch line)."""
+    deadline = time.monotonic() + POOL_READY_TIMEOUT
+    while time.monotonic() < deadline:
+        procs = idle_warm(agent)
+        if len(procs) >= size:
+            try:
+                before = [sum(p.cpu_times()[:2]) for p in procs]
+                time.sleep(0.5)
+                after = [sum(p.cpu_times()[:2]) for p in procs]
+            except psutil.Error:
+                continue
+            if all(b - a < 0.01 for a, b in zip(before, after, strict=True)):
+                return
+        else:
+            time.sleep(0.2)
+    raise RuntimeError(f"warm pool of {agent.name} not ready within {POOL_READY_TIMEOUT:.0f} s")
+
+
+def run_agent_once(
+    queue: ControlQueue, agent: AgentProcess, warm_pool: int, work: Path, index: int, job_id: int
+) -> tuple[float, float]:
+    if warm_pool:
+        wait_pool_ready(agent, warm_pool)
+    progress = work / f"{agent.name}-{index}.jsonl"
     spec = round_spec(
-        job_id=9000 + index,
+        job_id=job_id,
         round_=1,
         node_rank=0,
         nnodes=1,
@@ -61,8 +105,8 @@ def run_agent_once(queue: ControlQueue, work: Path, index: int) -> tuple[float, 
         args=["--steps", str(STEPS), "--checkpoint-every", "0", "--progress", str(progress)],
     )
     launched_at = time.time()
-    queue.send(AGENT_NAME, protocol.AGENT_START_ROUND, spec=spec)
-    ended = queue.wait_for(protocol.CONTROL_ROUND_ENDED, RUN_TIMEOUT, node=AGENT_NAME, job_id=9000 + index)
+    queue.send(agent.name, protocol.AGENT_START_ROUND, spec=spec)
+    ended = queue.wait_for(protocol.CONTROL_ROUND_ENDED, RUN_TIMEOUT, node=agent.name, job_id=job_id)
     if ended.kwargs["outcome"] != "succeeded":
         raise RuntimeError(f"agent run {index} ended {ended.kwargs}")
     return measure(progress, launched_at)
@@ -100,34 +144,47 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="trainyard-launch-bench-"))
     queue = ControlQueue(redis_url)
     queue.purge()
-    agent = start_agent(
-        AGENT_NAME,
-        redis_url,
-        token="bench-token",
-        data_dir=work / "agents" / AGENT_NAME,
-        checkpoint_root=work / "checkpoints",
-        heartbeat=2.0,
-    )
-    results: dict[str, list[tuple[float, float]]] = {"agent": [], "torchrun": []}
+    agents = {
+        launcher: start_agent(
+            name,
+            redis_url,
+            token="bench-token",
+            data_dir=work / "agents" / name,
+            checkpoint_root=work / "checkpoints",
+            heartbeat=2.0,
+            extra_args=["--warm-pool", str(pool)],
+        )
+        for launcher, (name, pool) in AGENTS.items()
+    }
+    launchers = [*AGENTS, "torchrun"]
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in launchers}
+    job_ids = itertools.count(9000)
     try:
-        queue.wait_for(protocol.CONTROL_REGISTER, 60, node=AGENT_NAME)
+        for agent in agents.values():
+            queue.wait_for(protocol.CONTROL_REGISTER, 60, node=agent.name)
         for index in range(RUNS):
-            # Alternate which launcher goes first, so a drift in background load (this machine
-            # is shared) does not always favour the same one.
-            if index % 2 == 0:
-                results["agent"].append(run_agent_once(queue, work, index))
-                results["torchrun"].append(run_torchrun_once(work, index))
-            else:
-                results["torchrun"].append(run_torchrun_once(work, index))
-                results["agent"].append(run_agent_once(queue, work, index))
+            # Rotate which launcher goes first, so a drift in background load (this machine is
+            # shared) does not always favour the same one.
+            shift = index % len(launchers)
+            for launcher in launchers[shift:] + launchers[:shift]:
+                if launcher == "torchrun":
+                    results[launcher].append(run_torchrun_once(work, index))
+                else:
+                    pool = AGENTS[launcher][1]
+                    results[launcher].append(
+                        run_agent_once(queue, agents[launcher], pool, work, index, next(job_ids))
+                    )
             print(
-                f"run {index + 1}/{RUNS}: agent {results['agent'][-1][0]:.2f} s to first step,"
-                f" {results['agent'][-1][1]:.0f} steps/s; torchrun {results['torchrun'][-1][0]:.2f} s,"
-                f" {results['torchrun'][-1][1]:.0f} steps/s",
+                f"run {index + 1}/{RUNS}: "
+                + "; ".join(
+                    f"{name} {results[name][-1][0]:.2f} s to first step, {results[name][-1][1]:.0f} steps/s"
+                    for name in launchers
+                ),
                 flush=True,
             )
     finally:
-        agent.stop()
+        for agent in agents.values():
+            agent.stop()
         queue.purge()
         queue.close()
     medians = {
@@ -136,18 +193,22 @@ def main() -> int:
     }
     figures = {
         "agent_first_step_s": round(medians["agent"][0], 3),
+        "agent_cold_first_step_s": round(medians["agent-cold"][0], 3),
         "torchrun_first_step_s": round(medians["torchrun"][0], 3),
         "first_step_ratio": round(medians["agent"][0] / medians["torchrun"][0], 3),
+        "cold_first_step_ratio": round(medians["agent-cold"][0] / medians["torchrun"][0], 3),
         "agent_steps_per_s": round(medians["agent"][1], 1),
+        "agent_cold_steps_per_s": round(medians["agent-cold"][1], 1),
         "torchrun_steps_per_s": round(medians["torchrun"][1], 1),
         "steps_per_s_ratio": round(medians["agent"][1] / medians["torchrun"][1], 3),
     }
     print()
     print(f"launch overhead, ddp_train.py 1 node x 2 gloo processes, {STEPS} steps, median of {RUNS} runs")
-    print(f"{'launcher':<10} {'launch -> first step (s)':>26} {'steps/s':>10}")
+    print("agent = --warm-pool 2 (default), agent-cold = --warm-pool 0")
+    print(f"{'launcher':<11} {'launch -> first step (s)':>26} {'vs torchrun':>12} {'steps/s':>10}")
     for name, (first_step, rate) in medians.items():
-        print(f"{name:<10} {first_step:>26.2f} {rate:>10.1f}")
-    print(f"{'ratio':<10} {figures['first_step_ratio']:>26.3f} {figures['steps_per_s_ratio']:>10.3f}")
+        ratio = first_step / medians["torchrun"][0]
+        print(f"{name:<11} {first_step:>26.2f} {ratio:>12.3f} {rate:>10.1f}")
     print(json.dumps(figures))
     shutil.rmtree(work, ignore_errors=True)
     return 0

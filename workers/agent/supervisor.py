@@ -356,7 +356,7 @@ class Supervisor(threading.Thread):
             command = rank_command(spec, bundle_dir)
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             if self._pool is not None:
-                self._pool.hold()
+                self._pool.hold(spec["nproc_per_node"])
             starts = []
             for local_rank in range(spec["nproc_per_node"]):
                 files = RankFiles.for_rank(self._config, spec, local_rank)

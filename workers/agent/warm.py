@@ -17,7 +17,8 @@ are not caught here: they reach the interpreter, which prints the traceback / ex
 code exactly as for a cold ``python train.py``. torch's ``@record`` reads
 TORCHELASTIC_ERROR_FILE from os.environ when the exception happens, so it finds the rank's file.
 
-On EOF (the agent closed the pipe, or died) it exits without running anything. Nothing here
+Until the launch it imports at the lowest CPU priority when it can restore its priority
+afterwards (lower_priority). On EOF (the agent closed the pipe, or died) it exits without running anything. Nothing here
 initialises CUDA: CUDA_VISIBLE_DEVICES is read when the rank first touches CUDA.
 """
 
@@ -26,9 +27,44 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import resource
 import runpy
+import signal
 import sys
+import time
 from typing import Any
+
+IMPORT_NICENESS = 19
+LAUNCH_SIGNAL = signal.SIGWINCH
+
+
+def lower_priority() -> int | None:
+    """Imports at the lowest CPU priority, so a refill does not slow ranks that are starting or
+    training on the same cores. Only when the priority can be raised back at the launch
+    (privileged, or RLIMIT_NICE allows it): a rank must never run at the import priority.
+    Returns the priority to restore, None when it was left alone."""
+    original = os.getpriority(os.PRIO_PROCESS, 0)
+    soft_limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    if os.geteuid() != 0 and (soft_limit != resource.RLIM_INFINITY and 20 - original > soft_limit):
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(original, IMPORT_NICENESS))
+    except OSError:
+        return None
+    return original
+
+
+def restore_priority(original: int | None) -> None:
+    if original is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, original)
+
+
+def restore_on_launch_signal(original: int | None) -> None:
+    """The pool sends LAUNCH_SIGNAL just before the launch line: a process taken while still
+    importing finishes its imports at the rank's priority. SIGWINCH is ignored by default, so
+    one that arrives before this handler exists does no harm."""
+    if original is not None:
+        signal.signal(LAUNCH_SIGNAL, lambda _signum, _frame: restore_priority(original))
 
 
 def preload() -> None:
@@ -64,7 +100,9 @@ def retitle(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join(argv))
 
 
-def become_rank(request: dict[str, Any]) -> None:
+def become_rank(request: dict[str, Any], priority: int | None = None) -> None:
+    restore_priority(priority)
+    signal.signal(LAUNCH_SIGNAL, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -101,11 +139,18 @@ def become_rank(request: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    started = time.monotonic()
+    priority = lower_priority()
+    restore_on_launch_signal(priority)
     preload()
+    # For the pool log: how long a refill takes on this host (launches before this line wait).
+    print(
+        f"warm pid {os.getpid()} ready after {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
+    )
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return
-    become_rank(json.loads(line))
+    become_rank(json.loads(line), priority)
 
 
 if __name__ == "__main__":

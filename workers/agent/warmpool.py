@@ -10,8 +10,9 @@ the agent session marker in its environment and is watched by the reaper from th
 spawned, so a SIGKILLed agent leaves no idle warm process behind; it also exits by itself when
 its stdin pipe reaches EOF. ``take()`` hands one out (the supervisor adopts its Popen as the
 rank's process, and supervision is the same as for a cold rank). A background thread refills
-the pool, but only REFILL_DELAY_SECONDS after the last launch, so the refill's imports do not
-steal CPU from ranks that are still initialising.
+the pool (up to the local ranks of the last round started here, at most K), but only
+REFILL_DELAY_SECONDS after the last launch, and imports run at the lowest CPU priority
+(warm.py), so a refill does not steal CPU from ranks that are still initialising.
 
 Only a Python command (``sys.executable script.py ...`` or ``sys.executable -m module ...``)
 can use a warm process, and only when the rank's environment agrees with the warm
@@ -34,6 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
+
+LAUNCH_SIGNAL = signal.SIGWINCH
+"""warm.LAUNCH_SIGNAL (not imported from there: that module is the warm interpreter's)."""
 
 DEFAULT_WARM_POOL = 2
 REFILL_DELAY_SECONDS = 3.0
@@ -100,9 +104,12 @@ def warm_request(
 
 
 def send_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> None:
-    """Hands the launch line to the warm process and closes the pipe (one launch per process)."""
+    """Hands the launch line to the warm process and closes the pipe (one launch per process).
+    The signal first lifts the import priority of a process still importing (warm.py)."""
     stdin = proc.stdin
     assert stdin is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, LAUNCH_SIGNAL)
     try:
         stdin.write(json.dumps(request).encode() + b"\n")
         stdin.flush()
@@ -120,6 +127,7 @@ class WarmPool:
         self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
         self._refill_at = 0.0
+        self._target = self.size
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
 
@@ -141,9 +149,14 @@ class WarmPool:
         with self._lock:
             return [proc.pid for proc in self._idle]
 
-    def hold(self) -> None:
-        """A round is starting on this host: no refill for REFILL_DELAY_SECONDS."""
+    def hold(self, ranks: int | None = None) -> None:
+        """A round of ``ranks`` local ranks is starting on this host: no refill for
+        REFILL_DELAY_SECONDS, and from then on keep only as many processes as it used (at most
+        the pool size): its next round (restart, resize) is the likely next launch, and an
+        interpreter nobody takes costs memory and, to start, CPU."""
         with self._lock:
+            if ranks is not None:
+                self._target = min(self.size, max(1, ranks))
             self._refill_at = max(self._refill_at, time.monotonic() + REFILL_DELAY_SECONDS)
 
     def take(self) -> subprocess.Popen[bytes] | None:
@@ -195,7 +208,7 @@ class WarmPool:
             for proc in [p for p in self._idle if p.poll() is not None]:
                 self._idle.remove(proc)
                 self._discard(proc)
-            if len(self._idle) >= self.size or time.monotonic() < self._refill_at:
+            if len(self._idle) >= self._target or time.monotonic() < self._refill_at:
                 return
             # One at a time: each spawn imports torch, and the ranks running meanwhile need the CPU.
             proc = self._spawn()
