@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # the cost, small enough that a frame is never held back long.
 READ_COUNT = 100
 # How long a read waits for new entries; also the longest a shutdown request waits.
-BLOCK_MS = 50
+BLOCK_MS = 20
 FRAME_INTERVAL = 0.1
 FRAME_POINTS = 100
 # Points per frame over all series. 200 viewers of 1,000-point frames fell seconds behind here
@@ -588,6 +588,7 @@ class Ingestor:
         with self.lock:
             self.points_since_stats += len(prepared.metrics)
             self._add_to_frames(stored_points, stored_logs)
+        self.maybe_flush()
         return len(prepared.metrics)
 
     def _store_logs(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -678,12 +679,18 @@ class Ingestor:
             frame.logs.append({"id": row_id, "rank": rank, "stream": stream, "text": text, "seq": seq})
 
     def maybe_flush(self, force: bool = False) -> None:
+        # Called by the reading thread between reads and by a Pipeline's writer right after each
+        # commit (so fresh points do not wait for the next read); the lock keeps frame numbers in
+        # order and each frame sent once.
+        with self.lock:
+            self._flush(force)
+
+    def _flush(self, force: bool) -> None:
         now = time.monotonic()
         if not force and now - self.last_flush < self.frame_interval:
             return
         self.last_flush = now
-        with self.lock:
-            frames, self.frames = self.frames, {}
+        frames, self.frames = self.frames, {}
         for job_id, frame in frames.items():
             number = self.frame_numbers.get(job_id, 0) + 1
             self.frame_numbers[job_id] = number
