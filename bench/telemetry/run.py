@@ -530,7 +530,8 @@ def main(phases: set[str], frame_interval: float | None) -> None:
         "fanout_gaps",
         "downsample_1m_ms",
     ]
-    print(json.dumps({k: figures.get(k) for k in keys}))
+    # NaN (a phase that measured nothing) is not JSON: null instead.
+    print(json.dumps({k: None if figures.get(k) != figures.get(k) else figures.get(k) for k in keys}))
 
 
 if __name__ == "__main__":
