@@ -197,4 +197,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": CONTROLLER_TICK,
         "options": {"expires": 5},
     },
+    # Old raw points and log lines past retention are rolled up (summary rows stay).
+    "telemetry-rollup": {
+        "task": "trainyard.telemetry.rollup",
+        "schedule": 3600.0,
+        "options": {"expires": 600},
+    },
 }
