@@ -229,6 +229,8 @@ class Command(BaseCommand):
         if sup.stopping:
             return 0
 
+        # Agents fetch code bundles from the web process this supervisor starts.
+        sup.env.setdefault("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{sup.port}")
         sup.say("migrating the database")
         call_command("migrate", interactive=False, verbosity=0)
         login = StringIO()
