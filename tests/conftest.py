@@ -24,3 +24,4 @@ def staff(db: None) -> User:
 
 
 from tests.support.cluster import cluster  # noqa: E402, F401  (fixture for end-to-end tests)
+from tests.support.web import console_url  # noqa: E402, F401  (fixture: the console over HTTP)

@@ -6,18 +6,10 @@ artifacts/ for a human to look at.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
@@ -31,64 +23,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
-    """Daphne on a free port, reading and writing the test database."""
-    db = settings.DATABASES["default"]
-    # A second process must see the test data, which an in-memory SQLite database cannot share.
-    assert db["ENGINE"] == "django.db.backends.postgresql", (
-        "run the browser test with DATABASE_URL=postgres://..."
-    )
-    port = free_port()
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        TRAINYARD_HOME=str(settings.TRAINYARD_HOME),
-        PYTHONUNBUFFERED="1",
-    )
-    log = (tmp_path / "daphne.log").open("w")
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "console.asgi:application",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert process.poll() is None, (tmp_path / "daphne.log").read_text()
-                assert time.monotonic() < deadline, "daphne did not start"
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
 
 
 def make_cluster(owner: User) -> Job:

@@ -16,7 +16,6 @@ from console.api.models import ApiToken
 from console.cluster.models import Node
 from console.core.states import JobState
 from console.jobs.models import Job
-from tests.support.web import console_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +34,7 @@ def run_cli(home: Path, *args: str, stdin: str | None = None) -> subprocess.Comp
     )
 
 
-def test_cli_round_trip(console_url: str, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_round_trip(console_url: str, tmp_path: Path) -> None:
     user = User.objects.create_user("cli-user", password="pw-cli-user-1")
     user.groups.add(Group.objects.get_or_create(name="operator")[0])
     Node.objects.create(name="gpu-01", address="10.0.0.1", slots=4, last_heartbeat=timezone.now())
@@ -88,7 +87,7 @@ def test_cli_without_login_says_how_to_log_in(tmp_path: Path) -> None:
     assert "trainyard login" in result.stderr
 
 
-def test_wrong_password_is_refused(console_url: str, tmp_path: Path) -> None:  # noqa: F811
+def test_wrong_password_is_refused(console_url: str, tmp_path: Path) -> None:
     User.objects.create_user("cli-user", password="something-else-1")
     result = run_cli(tmp_path, "login", "--url", console_url, "--username", "cli-user")
     assert result.returncode == 1 and "wrong username or password" in result.stderr
