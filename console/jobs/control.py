@@ -421,20 +421,25 @@ def stop_job(job_id: int, actor: Any) -> Job:
 # --- converging a job to its target ------------------------------------------------------
 
 
+def _fill(job: Job, members: list[Node], caps: dict[int, Capacity], target: int) -> list[Node]:
+    """``members`` plus free nodes that fit ``job`` (by name) until there are ``target``."""
+    members = list(members)
+    for cap in sorted(caps.values(), key=lambda c: c.node.name):
+        if len(members) >= target:
+            break
+        if cap.node.pk not in {n.pk for n in members} and cap.fits(job):
+            members.append(cap.node)
+    return members
+
+
 def _converge(job: Job, reason: RoundReason, caps: dict[int, Capacity] | None = None) -> bool:
     """Start a new round if the job's live node set should change. Returns True if it did."""
     caps = caps if caps is not None else capacities(exclude_job=job)
     current = _round_nodes(job.current_round())
     keep = [n for n in current if n.state == NodeState.ONLINE]
     target = job.desired_nodes
-    if len(keep) > target:
-        keep = keep[:target]  # drop the highest node ranks; rank 0 stays
-    elif len(keep) < target:
-        for cap in sorted(caps.values(), key=lambda c: c.node.name):
-            if len(keep) >= target:
-                break
-            if cap.node.pk not in {n.pk for n in keep} and cap.fits(job):
-                keep.append(cap.node)
+    # Shrinking drops the highest node ranks, so rank 0 stays where it is.
+    keep = keep[:target] if len(keep) > target else _fill(job, keep, caps, target)
     if [n.pk for n in keep] == [n.pk for n in current]:
         return False
     if len(keep) < job.min_nodes:
@@ -737,11 +742,7 @@ def _node_gone(node: Node, how: str) -> None:
         # Fill back toward the target from free nodes, if any.
         caps = capacities(exclude_job=job)
         caps.pop(node.pk, None)
-        for cap in sorted(caps.values(), key=lambda c: c.node.name):
-            if len(survivors) >= job.desired_nodes:
-                break
-            if cap.node.pk not in {n.pk for n in survivors} and cap.fits(job):
-                survivors.append(cap.node)
+        survivors = _fill(job, survivors, caps, job.desired_nodes)
         if len(survivors) >= job.min_nodes:
             events.emit(
                 "job.node_lost",
