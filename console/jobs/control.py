@@ -27,7 +27,7 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
@@ -110,14 +110,8 @@ def live_allocations() -> Any:
     """Allocations whose ranks may be running: the current round of every active job."""
     return Allocation.objects.filter(
         round__job__state__in=[s.value for s in JobState if s.is_active],
-        round__number=_current_round_number_expr(),
+        round__number=F("round__job__round_number"),
     ).filter(state__in=[AllocationState.ASSIGNED, AllocationState.RUNNING])
-
-
-def _current_round_number_expr() -> Any:
-    from django.db.models import F
-
-    return F("round__job__round_number")
 
 
 def capacities(exclude_job: Job | None = None) -> dict[int, Capacity]:
