@@ -4,6 +4,9 @@ Close codes: 4401 not signed in (or not allowed), 4404 no such job, 4400 malform
 message. A job viewer that sends ``{"type": "resume", "after": N}`` gets every event with
 seq > N from the database and then live ones: the consumer joins the group before it queries,
 so nothing falls between the two, and drops live events it already sent from the backlog.
+
+Live metric frames do not come through the channel layer: the process's FrameHub
+(console.telemetry.fanout) subscribes once per job and hands each frame to every local viewer.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from console.core.roles import can_view
 from console.jobs.models import Job, job_summary
 from console.telemetry.downsample import finite_or_none
 from console.telemetry.events import CLUSTER_GROUP, event_payload, job_group
+from console.telemetry.fanout import Viewer, get_hub
 from console.telemetry.models import Event, Metric
 
 log = logging.getLogger(__name__)
@@ -75,16 +79,24 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
         for group in self.groups_to_join:
             await self.channel_layer.group_add(group, self.channel_name)
         self.joined = True
+        await self.joined_groups()
         await self.welcome()
 
     async def authorize(self) -> bool:
         return True
+
+    async def joined_groups(self) -> None:
+        return None
+
+    async def left_groups(self) -> None:
+        return None
 
     async def welcome(self) -> None:
         return None
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "joined", False):
+            await self.left_groups()
             for group in self.groups_to_join:
                 await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -124,6 +136,18 @@ class JobConsumer(TelemetryConsumer):
         self.groups_to_join = [job_group(self.job_id)]
         self.job = job
         return True
+
+    async def joined_groups(self) -> None:
+        self.viewer: Viewer | None = await get_hub().join(self.job_id, self._send_frame)
+
+    async def _send_frame(self, text: str) -> None:
+        await self.send(text_data=text)
+
+    async def left_groups(self) -> None:
+        viewer = getattr(self, "viewer", None)
+        if viewer is not None:
+            self.viewer = None
+            await get_hub().leave(self.job_id, viewer)
 
     async def welcome(self) -> None:
         await self.send_json({"type": "state", "job": job_summary(self.job)})
@@ -188,7 +212,8 @@ class JobConsumer(TelemetryConsumer):
         await self.send_json({"type": "state", "job": message["job"]})
 
     async def job_frame(self, message: dict[str, Any]) -> None:
-        # Already client JSON (ingest serialises a frame once for all viewers).
+        # Already client JSON (ingest serialises a frame once for all viewers). Metric frames
+        # arrive through the FrameHub; log tails still come this way.
         if "metrics" in message:
             await self.send(text_data=message["metrics"])
         if "log" in message:

@@ -8,8 +8,10 @@ for such replays only the rows the database actually inserted (RETURNING) feed t
 detectors and the live frames, so a replay neither duplicates points nor re-raises events.
 
 Live viewers get one coalesced frame per job every FRAME_INTERVAL seconds: rank 0's series,
-thinned to a budget of FRAME_BUDGET points, serialised once and sent on a background event loop
-so that the channel layer never stalls the database writes.
+thinned to a budget of FRAME_BUDGET points, serialised once and PUBLISHed once to the job's
+Redis pub/sub channel, where each web process's FrameHub (console.telemetry.fanout) picks it up
+for all of its viewers of that job. Log tails go to the job's channel-layer group. Both are sent
+from a background event loop so that Redis never stalls the database writes.
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection, transaction
 
 from console.jobs.models import Checkpoint, Job
 from console.telemetry.anomalies import WATCHED_NAMES, AnomalyDetector
 from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import emit_once, job_group
+from console.telemetry.fanout import frame_channel
 from console.telemetry.models import ROLLUP_STEPS, Severity
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
@@ -358,29 +363,53 @@ class JobFrame:
 
 
 class Broadcaster:
-    """Sends channel-layer messages from a private event loop thread.
+    """Publishes frames and sends channel-layer messages from a private event loop thread.
 
     ``async_to_sync`` would start a loop per call and channels-redis keeps a connection pool per
     loop; one long-lived loop keeps one pool and never blocks the caller."""
 
-    def __init__(self) -> None:
+    def __init__(self, redis_url: str | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="ingest-broadcast", daemon=True)
         self.thread.start()
         self.pending: list[Future[None]] = []
+        self.redis = aioredis.Redis.from_url(
+            redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5
+        )
+        # Frames of one job must reach subscribers in order; publishes could otherwise overtake
+        # each other on different pooled connections. Created on the loop that uses it.
+        self.publish_lock = asyncio.run_coroutine_threadsafe(self._make_lock(), self.loop).result()
+
+    @staticmethod
+    async def _make_lock() -> asyncio.Lock:
+        return asyncio.Lock()
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         layer = get_channel_layer()
         if layer is None:
             return
+        self._track(asyncio.run_coroutine_threadsafe(self._send(layer, group, message), self.loop))
+
+    def publish_frame(self, job_id: int, text: str) -> None:
+        """One PUBLISH per frame, whatever the number of viewers (see console.telemetry.fanout)."""
+        self._track(asyncio.run_coroutine_threadsafe(self._publish(frame_channel(job_id), text), self.loop))
+
+    def _track(self, future: Future[None]) -> None:
         self.pending = [f for f in self.pending if not f.done()]
-        self.pending.append(asyncio.run_coroutine_threadsafe(self._send(layer, group, message), self.loop))
+        self.pending.append(future)
 
     async def _send(self, layer: Any, group: str, message: dict[str, Any]) -> None:
         try:
             await layer.group_send(group, message)
         except Exception:  # the database is the record; live delivery is best effort
             log.warning("frame to %s failed", group, exc_info=True)
+
+    async def _publish(self, channel: str, text: str) -> None:
+        try:
+            async with self.publish_lock:
+                await self.redis.publish(channel, text)
+        except Exception:  # as above: viewers catch up from the database on resume
+            log.warning("frame to %s failed", channel, exc_info=True)
 
     def close(self, timeout: float = 2.0) -> None:
         deadline = time.monotonic() + timeout
@@ -389,6 +418,12 @@ class Broadcaster:
                 fut.result(max(0.0, deadline - time.monotonic()))
             except Exception:
                 log.debug("frame not sent before shutdown", exc_info=True)
+        try:
+            asyncio.run_coroutine_threadsafe(self.redis.aclose(), self.loop).result(
+                max(0.1, deadline - time.monotonic())
+            )
+        except Exception:
+            log.debug("frame publisher not closed cleanly", exc_info=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout)
 
@@ -695,25 +730,28 @@ class Ingestor:
             number = self.frame_numbers.get(job_id, 0) + 1
             self.frame_numbers[job_id] = number
             # The client JSON is built here once, not by each of a job's viewers' consumers.
-            message: dict[str, Any] = {"type": "job.frame", "frame": number}
-            if frame.series:
+            if frame.series and self.broadcaster is not None:
                 limit = max(FRAME_MIN_POINTS, min(FRAME_POINTS, FRAME_BUDGET // len(frame.series)))
                 series = {
                     name: [[s, finite_or_none(v)] for s, v in thin_points(pts, limit)]
                     for name, pts in frame.series.items()
                 }
-                message["metrics"] = json.dumps(
-                    {"type": "metrics", "series": series, "round": frame.round_number, "frame": number},
-                    separators=(",", ":"),
-                    allow_nan=False,
+                self.broadcaster.publish_frame(
+                    job_id,
+                    json.dumps(
+                        {"type": "metrics", "series": series, "round": frame.round_number, "frame": number},
+                        separators=(",", ":"),
+                        allow_nan=False,
+                    ),
                 )
-            if frame.logs:
-                message["log"] = json.dumps(
+            if frame.logs and self.broadcaster is not None:
+                log_text = json.dumps(
                     {"type": "log", "lines": frame.logs, "skipped": frame.logs_skipped, "frame": number},
                     separators=(",", ":"),
                 )
-            if self.broadcaster is not None:
-                self.broadcaster.send(job_group(job_id), message)
+                self.broadcaster.send(
+                    job_group(job_id), {"type": "job.frame", "frame": number, "log": log_text}
+                )
 
     def maybe_report_stats(self, force: bool = False) -> None:
         now = time.monotonic()
