@@ -47,8 +47,14 @@ RETRY_MAX = 2.0
 Send = Callable[[str], Awaitable[None]]
 
 
-def frame_channel(job_id: int) -> str:
-    return f"trainyard:frames:{job_id}"
+def frame_channel(job_id: int, db: int = 0) -> str:
+    # Pub/sub channels ignore the database number; naming it keeps consoles (and test runs) that
+    # share one Redis server on different databases apart.
+    return f"trainyard:{db}:frames:{job_id}"
+
+
+def redis_db(client: aioredis.Redis) -> int:
+    return int(client.connection_pool.connection_kwargs.get("db") or 0)
 
 
 class Viewer:
@@ -110,7 +116,7 @@ class JobFeed:
 
     async def _run(self) -> None:
         delay = RETRY_MIN
-        channel = frame_channel(self.job_id)
+        channel = frame_channel(self.job_id, redis_db(self.hub.client))
         while True:
             pubsub = self.hub.client.pubsub()
             try:

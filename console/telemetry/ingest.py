@@ -39,7 +39,7 @@ from console.jobs.models import Checkpoint, Job
 from console.telemetry.anomalies import WATCHED_NAMES, AnomalyDetector
 from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import emit_once, job_group
-from console.telemetry.fanout import frame_channel
+from console.telemetry.fanout import frame_channel, redis_db
 from console.telemetry.models import ROLLUP_STEPS, Severity
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
@@ -392,7 +392,8 @@ class Broadcaster:
 
     def publish_frame(self, job_id: int, text: str) -> None:
         """One PUBLISH per frame, whatever the number of viewers (see console.telemetry.fanout)."""
-        self._track(asyncio.run_coroutine_threadsafe(self._publish(frame_channel(job_id), text), self.loop))
+        channel = frame_channel(job_id, redis_db(self.redis))
+        self._track(asyncio.run_coroutine_threadsafe(self._publish(channel, text), self.loop))
 
     def _track(self, future: Future[None]) -> None:
         self.pending = [f for f in self.pending if not f.done()]
