@@ -208,7 +208,8 @@ async def watch(
 
     latencies: list[float] = []
     frames: list[int] = []
-    result.update(latencies=latencies, frames=0, gaps=0, last=None, error=None)
+    arrivals: dict[int, float] = {}
+    result.update(latencies=latencies, frames=0, gaps=0, last=None, error=None, arrivals=arrivals)
     try:
         async with connect(
             url,
@@ -234,6 +235,7 @@ async def watch(
                 if message.get("type") != "metrics":
                     continue
                 frames.append(message["frame"])
+                arrivals[message["frame"]] = arrived
                 if arrived - start < WARMUP_SECONDS:
                     continue
                 latencies.extend(
@@ -247,13 +249,45 @@ async def watch(
     result.update(frames=len(frames), gaps=gaps, last=frames[-1] if frames else None)
 
 
+async def tap_frames(
+    url: str, channel: str, seconds: float, go: asyncio.Event, into: list[float], seen: dict[int, float]
+) -> None:
+    """Latencies of the frames as published, before any web process fans them out: the part of
+    the viewers' latency that ingest (not fan-out) accounts for. ``seen`` maps each frame to when
+    it was published, to time the fan-out hop alone."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe(channel)
+        await go.wait()
+        start = time.time()
+        while time.time() - start < seconds:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if message is None or message["type"] != "message":
+                continue
+            arrived = time.time()
+            frame = json.loads(message["data"])
+            seen[frame["frame"]] = arrived
+            if arrived - start < WARMUP_SECONDS:
+                continue
+            into.extend(arrived - v for _, v in frame["series"].get("t_append", []) if v is not None)
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
 async def run_clients(
-    url: str, cookie: str, clients: int, seconds: float, start_producer: Any
-) -> list[dict[str, Any]]:
+    url: str, cookie: str, clients: int, seconds: float, start_producer: Any, tap: tuple[str, str]
+) -> tuple[list[dict[str, Any]], list[float]]:
     results: list[dict[str, Any]] = [{} for _ in range(clients)]
     readies = [asyncio.Event() for _ in range(clients)]
     go = asyncio.Event()
     tasks = []
+    published: list[float] = []
+    seen: dict[int, float] = {}
+    tapping = asyncio.create_task(tap_frames(*tap, seconds, go, published, seen))
     for i in range(clients):
         tasks.append(asyncio.create_task(watch(url, cookie, seconds, readies[i], go, results[i])))
         # A ramp, as browsers arrive: each ten wait for the previous ten's handshakes. Daphne drops
@@ -267,8 +301,10 @@ async def run_clients(
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
     start_producer()
     go.set()
-    await asyncio.gather(*tasks)
-    return results
+    await asyncio.gather(*tasks, tapping)
+    for result in results:
+        result["hops"] = [t - seen[n] for n, t in result["arrivals"].items() if n in seen]
+    return results, published
 
 
 def live_phase(
@@ -283,7 +319,7 @@ def live_phase(
     procs: Processes,
     logs: Path,
     workdir: Path,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[float]]:
     producer: list[subprocess.Popen[bytes]] = []
 
     def start_producer() -> None:
@@ -306,11 +342,15 @@ def live_phase(
             )
         )
 
+    from console.telemetry.fanout import frame_channel
+
     url = f"ws://127.0.0.1:{ws_port}/ws/jobs/{job_id}/"
-    results = asyncio.run(run_clients(url, cookie, clients, seconds, start_producer))
+    # The web process's hub subscribes to this channel (db 0: the bench's own redis-server).
+    tap = (redis_url, frame_channel(job_id, 0))
+    results, published = asyncio.run(run_clients(url, cookie, clients, seconds, start_producer, tap))
     for proc in producer:
         proc.wait(60)
-    return results
+    return results, published
 
 
 def bench_downsample(points: int) -> tuple[float, int]:
@@ -390,7 +430,7 @@ def live_phases(
     if "latency" in phases:
         job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
         (tmp / "latency").mkdir()
-        (single,) = live_phase(
+        (single,), _ = live_phase(
             job.pk, 1, LATENCY_SECONDS, procs=procs, logs=logs, workdir=tmp / "latency", **common
         )
         lat = [x * 1000 for x in single["latencies"]]
@@ -408,7 +448,7 @@ def live_phases(
         before = cpu_seconds(watched)
         load_before = os.getloadavg()[0]
         started = time.monotonic()
-        many = live_phase(
+        many, published = live_phase(
             job.pk, FANOUT_CLIENTS, FANOUT_SECONDS, procs=procs, logs=logs, workdir=tmp / "fanout", **common
         )
         wall = time.monotonic() - started
@@ -423,6 +463,12 @@ def live_phases(
         figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)
         figures["fanout_p95_ms"] = round(percentile(all_lat, 95), 1)
         figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
+        pub_lat = [x * 1000 for x in published]
+        figures["fanout_published_p50_ms"] = round(percentile(pub_lat, 50), 1)
+        figures["fanout_published_p95_ms"] = round(percentile(pub_lat, 95), 1)
+        hops = [x * 1000 for r in many for x in r["hops"]]
+        figures["fanout_hop_p50_ms"] = round(percentile(hops, 50), 1)
+        figures["fanout_hop_p95_ms"] = round(percentile(hops, 95), 1)
         figures["fanout_gaps"] = sum(r["gaps"] for r in many)
         figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
         figures["fanout_load_avg_1m"] = round(os.getloadavg()[0], 1)
@@ -434,7 +480,10 @@ def live_phases(
         print(
             f"fanout: {figures['fanout_clients']} clients p50 {figures['fanout_p50_ms']} ms "
             f"p95 {figures['fanout_p95_ms']} ms, gaps {figures['fanout_gaps']}, "
-            f"median {figures['fanout_frames_per_client']} frames/client, last frame numbers {lasts[:5]}",
+            f"median {figures['fanout_frames_per_client']} frames/client, last frame numbers {lasts[:5]}; "
+            f"as published (before fan-out) p50 {figures['fanout_published_p50_ms']} ms "
+            f"p95 {figures['fanout_published_p95_ms']} ms; fan-out hop (published -> arrival) "
+            f"p50 {figures['fanout_hop_p50_ms']} ms p95 {figures['fanout_hop_p95_ms']} ms",
             flush=True,
         )
     procs.stop_all()
@@ -522,6 +571,8 @@ def main(phases: set[str], frame_interval: float | None) -> None:
         ("fan-out p50 @10k pts/s", fig("fanout_p50_ms", " ms"), ""),
         ("fan-out p95 @10k pts/s", fig("fanout_p95_ms", " ms"), "<= 250"),
         ("fan-out frame gaps (all clients)", fig("fanout_gaps"), "0"),
+        ("fan-out: as published, p95", fig("fanout_published_p95_ms", " ms"), "(ingest's share)"),
+        ("fan-out: hop published -> client p95", fig("fanout_hop_p95_ms", " ms"), "(fan-out's share)"),
         ("downsample 1M -> 1,000 (median)", fig("downsample_1m_ms", " ms"), "<= 100"),
     ]
     print()
@@ -535,6 +586,8 @@ def main(phases: set[str], frame_interval: float | None) -> None:
         "fanout_clients",
         "fanout_p95_ms",
         "fanout_gaps",
+        "fanout_published_p95_ms",
+        "fanout_hop_p95_ms",
         "fanout_failed_clients",
         "fanout_load_avg_1m",
         "downsample_1m_ms",
