@@ -134,8 +134,13 @@ def run_torchrun_once(work: Path, index: int) -> tuple[float, float]:
         code = subprocess.run(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT
         ).returncode
+    steps = [line for line in read_progress(progress) if "step" in line]
     if code != 0:
-        raise RuntimeError(f"torchrun run {index} exited {code}")
+        # Under heavy load a rank sometimes aborts in gloo's teardown after its last step
+        # ("terminate called without an active exception"); the launch figures are still valid.
+        if not steps or steps[-1]["step"] < STEPS:
+            raise RuntimeError(f"torchrun run {index} exited {code}")
+        print(f"torchrun run {index} exited {code} after its last step (see its log)", flush=True)
     return measure(progress, launched_at)
 
 
