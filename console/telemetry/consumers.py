@@ -7,6 +7,8 @@ so nothing falls between the two, and drops live events it already sent from the
 
 Live metric frames do not come through the channel layer: the process's FrameHub
 (console.telemetry.fanout) subscribes once per job and hands each frame to every local viewer.
+A viewer that fell too far behind gets ``{"type": "gap", "dropped": n}`` before its next frame
+(frames also carry their number); it can fetch the range it missed from the metrics API.
 """
 
 from __future__ import annotations

@@ -138,6 +138,10 @@ class JobFeed:
                 log.warning("frame subscription for job %s lost (%s); retrying", self.job_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2)
+            except Exception:
+                # Anything else would end the feed silently and leave its viewers without frames.
+                log.exception("frame subscription for job %s failed; retrying", self.job_id)
+                await asyncio.sleep(RETRY_MAX)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pubsub.aclose())
