@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
@@ -43,6 +44,12 @@ SUBSCRIBE_TIMEOUT = 5.0
 POLL_SECONDS = 1.0
 RETRY_MIN = 0.2
 RETRY_MAX = 2.0
+# With this many local viewers of a job the hub asks ingest for fewer frames of it (see
+# ingest.BUSY_FRAME_INTERVAL): each frame costs the web process one send per viewer. The flag
+# expires unless renewed, so a web process that dies does not leave it set.
+BUSY_VIEWERS = 50
+BUSY_TTL = 5
+BUSY_RENEW = 2.0
 
 Send = Callable[[str], Awaitable[None]]
 
@@ -51,6 +58,10 @@ def frame_channel(job_id: int, db: int = 0) -> str:
     # Pub/sub channels ignore the database number; naming it keeps consoles (and test runs) that
     # share one Redis server on different databases apart.
     return f"trainyard:{db}:frames:{job_id}"
+
+
+def busy_key(job_id: int) -> str:
+    return f"trainyard:frames-busy:{job_id}"
 
 
 def redis_db(client: aioredis.Redis) -> int:
@@ -129,7 +140,12 @@ class JobFeed:
                         break
                 self.subscribed.set()
                 delay = RETRY_MIN
+                renewed = 0.0
                 while True:
+                    now = time.monotonic()
+                    if len(self.viewers) >= BUSY_VIEWERS and now - renewed >= BUSY_RENEW:
+                        renewed = now
+                        await self.hub.client.set(busy_key(self.job_id), 1, ex=BUSY_TTL)
                     message = await pubsub.get_message(timeout=POLL_SECONDS)
                     if message is not None and message["type"] == "message":
                         data = message["data"]

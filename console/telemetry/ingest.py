@@ -39,7 +39,7 @@ from console.jobs.models import Checkpoint, Job
 from console.telemetry.anomalies import WATCHED_NAMES, AnomalyDetector
 from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import emit_once, job_group
-from console.telemetry.fanout import frame_channel, redis_db
+from console.telemetry.fanout import busy_key, frame_channel, redis_db
 from console.telemetry.models import ROLLUP_STEPS, Severity
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
@@ -52,6 +52,12 @@ READ_COUNT = 100
 # How long a read waits for new entries; also the longest a shutdown request waits.
 BLOCK_MS = 20
 FRAME_INTERVAL = 0.1
+# A job with many viewers in one web process gets a few frames per second instead: at 10 frames/s,
+# 200 viewers on this 2-core machine (shared with other work) fell seconds behind in the web
+# process; at 4 frames/s they kept up (bench/telemetry, fan-out phase). One viewer keeps 10/s, so
+# its latency stays low.
+BUSY_FRAME_INTERVAL = 0.25
+BUSY_CHECK_EVERY = 1.0
 FRAME_POINTS = 100
 # Points per frame over all series. 200 viewers of 1,000-point frames fell seconds behind here
 # (DESIGN.md); many series share this budget, each keeping at least FRAME_MIN_POINTS.
@@ -454,6 +460,10 @@ class Ingestor:
         self.frames: dict[int, JobFrame] = {}
         self.frame_numbers: dict[int, int] = {}
         self.last_flush = time.monotonic()
+        # Per job: when its last frame went out, and whether (as of when) a web process reported
+        # many viewers of it.
+        self.job_flushed: dict[int, float] = {}
+        self.job_busy: dict[int, tuple[float, bool]] = {}
         self.last_claim = 0.0
         self.last_stats = time.monotonic()
         self.last_trim = time.monotonic()
@@ -728,6 +738,15 @@ class Ingestor:
         self.last_flush = now
         frames, self.frames = self.frames, {}
         for job_id, frame in frames.items():
+            if (
+                not force
+                and now - self.job_flushed.get(job_id, 0.0) < BUSY_FRAME_INTERVAL
+                and self._busy(job_id, now)
+            ):
+                # Still accumulating: the next frame carries these points too, thinned as usual.
+                self.frames[job_id] = frame
+                continue
+            self.job_flushed[job_id] = now
             number = self.frame_numbers.get(job_id, 0) + 1
             self.frame_numbers[job_id] = number
             # The client JSON is built here once, not by each of a job's viewers' consumers.
@@ -753,6 +772,20 @@ class Ingestor:
                 self.broadcaster.send(
                     job_group(job_id), {"type": "job.frame", "frame": number, "log": log_text}
                 )
+
+    def _busy(self, job_id: int, now: float) -> bool:
+        """Whether some web process has many viewers of this job (fanout.BUSY_VIEWERS): their
+        frames then go out every BUSY_FRAME_INTERVAL instead of every frame_interval. Asked of
+        Redis at most once a second per job; a failed check counts as not busy."""
+        checked = self.job_busy.get(job_id)
+        if checked is not None and now - checked[0] < BUSY_CHECK_EVERY:
+            return checked[1]
+        try:
+            busy = bool(self.redis.exists(busy_key(job_id)))
+        except redis.RedisError:
+            busy = False
+        self.job_busy[job_id] = (now, busy)
+        return busy
 
     def maybe_report_stats(self, force: bool = False) -> None:
         now = time.monotonic()
