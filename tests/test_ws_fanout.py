@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 
 from console.asgi import application
 from console.jobs.models import Job
-from console.telemetry.fanout import FrameHub, frame_channel, get_hub
+from console.telemetry.fanout import BUSY_VIEWERS, FrameHub, busy_key, frame_channel, get_hub
 from console.telemetry.ingest import Broadcaster, Ingestor
 from console.telemetry.testing import batch, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
@@ -193,3 +193,76 @@ def test_a_stalled_viewer_delays_no_one_and_is_told_what_it_missed() -> None:
             publisher.close()
 
     asyncio.run(scenario())
+
+
+def test_many_viewers_flag_the_job_busy_and_ingest_then_sends_fewer_frames(
+    job: Job, stream: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = busy_key(job.pk)
+    stream.delete(key)
+
+    async def many_viewers() -> None:
+        hub = FrameHub(settings.REDIS_URL)
+        try:
+
+            async def send(text: str) -> None:
+                return None
+
+            viewers = [await hub.join(job.pk, send) for _ in range(BUSY_VIEWERS - 1)]
+            await asyncio.sleep(0.3)
+            assert not stream.exists(key)
+            viewers.append(await hub.join(job.pk, send))
+            deadline = time.monotonic() + 5
+            while not stream.exists(key) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert stream.exists(key)
+            assert 0 < int(stream.ttl(key)) <= 5
+            for viewer in viewers:
+                await hub.leave(job.pk, viewer)
+        finally:
+            await hub.close()
+
+    asyncio.run(many_viewers())
+
+    # Ingest, told the job is busy, holds a frame back within the busy interval (the points are
+    # not lost: the next frame carries them), and numbers frames without gaps.
+    monkeypatch.setattr("console.telemetry.ingest.BUSY_FRAME_INTERVAL", 60.0)
+    db = int(stream.connection_pool.connection_kwargs.get("db") or 0)
+    listener = stream.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(frame_channel(job.pk, db))
+    broadcaster = Broadcaster()
+    ingestor = Ingestor(stream, "busy-test", broadcaster=broadcaster, frame_interval=0.0)
+    ingestor.ensure_group()
+    try:
+        published: list[dict[str, Any]] = []
+
+        def ingest(steps: range, force: bool = False) -> None:
+            xadd(stream, batch(job.pk, metric_records(steps, {"loss": lambda s: float(s)})))
+            while ingestor.run_once(block_ms=10):
+                pass
+            ingestor.maybe_flush(force=force)
+
+        def drain(until: int) -> None:
+            deadline = time.monotonic() + 5
+            while len(published) < until and time.monotonic() < deadline:
+                message = listener.get_message(timeout=0.1)
+                if message is not None:
+                    published.append(json.loads(message["data"]))
+
+        stream.set(key, 1, ex=30)
+        ingest(range(0, 10))
+        drain(1)
+        ingest(range(10, 20))
+        ingest(range(20, 30))
+        drain(2)
+        assert [f["frame"] for f in published] == [1]
+        assert published[0]["series"]["loss"][-1][0] == 9
+        ingest(range(30, 40), force=True)
+        drain(2)
+        assert [f["frame"] for f in published] == [1, 2]
+        assert [s for s, _ in published[1]["series"]["loss"]][-1] == 39
+        assert published[1]["series"]["loss"][0][0] == 10
+    finally:
+        broadcaster.close()
+        listener.close()
+        stream.delete(key)
