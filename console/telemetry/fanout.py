@@ -13,6 +13,10 @@ others: when its queue is full the frame is dropped for that viewer only, and th
 in order. Pub/sub keeps nothing for absent subscribers, so ``join`` returns only once the job's
 subscription is confirmed: a frame published after that reaches the new viewer.
 
+A job with BUSY_VIEWERS or more viewers in one process is flagged in Redis (``busy_key``, with a
+short expiry the feed renews); ingest then sends its frames every BUSY_FRAME_INTERVAL instead of
+every FRAME_INTERVAL, because each frame costs this process one send per viewer.
+
 Events, state changes and log lines stay on the channel layer's ``job.<id>`` groups; they are
 rare and need the layer's per-consumer delivery.
 """
