@@ -257,14 +257,17 @@ def new_round(
 
     kept = {n.pk for n in members}
     if previous is not None:
+        # A round broken by a failure or a lost host cannot checkpoint together (its collectives
+        # are gone, and ranks blocked in C++ ignore SIGTERM): kill it at once everywhere.
+        broken = previous.outcome == "failed" or reason in (RoundReason.FAILURE, RoundReason.NODE_LOSS)
         for alloc in previous.allocations.select_related("node"):
-            if alloc.node_id not in kept:
+            if broken or alloc.node_id not in kept:
                 _send(
                     protocol.AGENT_STOP_JOB,
                     alloc.node.queue,
                     job_id=job.pk,
                     round=previous.number,
-                    grace_period=job.grace_period,
+                    grace_period=0.0 if broken else job.grace_period,
                 )
     for alloc in rnd.allocations.select_related("node"):
         _send(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
@@ -607,9 +610,16 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
             events.job_changed(job)
 
 
+def _reported(node_name: str, now: datetime) -> None:
+    """Any report from an agent proves its host is alive, like a heartbeat."""
+    Node.objects.filter(name=node_name).update(last_heartbeat=now)
+
+
 def rank_exited(node_name: str, job_id: int, number: int, exit: protocol.RankExit) -> None:
     with decision():
-        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        now = timezone.now()
+        _reported(node_name, now)
+        job = Job.objects.select_for_update(of=("self",)).filter(pk=job_id).first()
         if job is None or job.round_number != number or not job.job_state.is_active:
             return  # fenced: an old round, or a job that is already over
         alloc = Allocation.objects.filter(round__job=job, round__number=number, node__name=node_name).first()
@@ -620,22 +630,22 @@ def rank_exited(node_name: str, job_id: int, number: int, exit: protocol.RankExi
         alloc.exit_info = {**alloc.exit_info, "exits": exits}
         alloc.save(update_fields=["exit_info"])
         if _failed(exit):
-            _handle_failure(job, alloc, exit)
+            _handle_failure(job, alloc, exit, now)
 
 
 def _failed(exit: protocol.RankExit) -> bool:
     return exit.get("exit_code") != 0 or bool(exit.get("signal"))
 
 
-def _handle_failure(job: Job, alloc: Allocation, exit: protocol.RankExit) -> None:
-    """First failure of the current round decides: restart (charged) or FAILED."""
+def _handle_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
+    """Record the round's first failure, then decide once every host has shown it is alive."""
     rnd = alloc.round
+    if alloc.is_live:
+        alloc.state = AllocationState.FAILED
+        alloc.save(update_fields=["state"])
     if rnd.outcome:
+        _settle_failure(job, rnd)  # this report may be the proof of life that was missing
         return
-    rnd.outcome = "failed"
-    rnd.save(update_fields=["outcome"])
-    alloc.state = AllocationState.FAILED
-    alloc.save(update_fields=["state"])
     cause = {
         "round": rnd.number,
         "node": alloc.node.name,
@@ -645,38 +655,85 @@ def _handle_failure(job: Job, alloc: Allocation, exit: protocol.RankExit) -> Non
         "signal": exit.get("signal"),
         "error": (exit.get("error") or "")[-4000:],
     }
-    what = f"signal {cause['signal']}" if cause["signal"] else f"exit code {cause['exit_code']}"
+    rnd.outcome = "failed"
+    rnd.failed_at = now
+    rnd.failure = cause
+    rnd.save(update_fields=["outcome", "failed_at", "failure"])
     events.emit(
         "rank.failed",
-        f"Rank {cause['rank']} on {cause['node']} failed with {what}",
+        f"Rank {cause['rank']} on {cause['node']} failed with {_what(cause)}",
         job=job,
         node=alloc.node,
         severity=Severity.ERROR,
         cause=cause,
     )
+    _settle_failure(job, rnd)
+
+
+def _what(cause: dict[str, Any]) -> str:
+    return f"signal {cause['signal']}" if cause["signal"] else f"exit code {cause['exit_code']}"
+
+
+def _settle_failure(job: Job, rnd: Round) -> None:
+    """Restart (charged) or fail a job whose current round had a rank failure.
+
+    Peers of a dead host fail in their collectives long before its heartbeats are missed, so a
+    failure is only charged once every host of the round has reported or heartbeated since the
+    failure. A host that never does is declared LOST, and the node-loss round (a membership
+    change, not charged) replaces this one instead.
+    """
+    if job.round_number != rnd.number or rnd.outcome != "failed" or not job.job_state.is_active:
+        return
+    assert rnd.failed_at is not None
+    nodes = _round_nodes(rnd)
+    waiting = [
+        n.name
+        for n in nodes
+        if n.state in (NodeState.ONLINE, NodeState.DRAINING, NodeState.DRAINED)
+        and (n.last_heartbeat is None or n.last_heartbeat < rnd.failed_at)
+    ]
+    if waiting:
+        return
+    cause = rnd.failure
     if job.restarts >= job.max_restarts:
         job.failure = cause
         _finish(
             job,
             JobState.FAILED,
-            f"Failed: rank {cause['rank']} on {cause['node']} ({what}) after {job.restarts} restart(s)",
+            f"Failed: rank {cause['rank']} on {cause['node']} ({_what(cause)}) after {job.restarts} restart(s)",
             severity=Severity.ERROR,
             cause=cause,
         )
         return
     job.restarts += 1
-    nodes = [n for n in _round_nodes(rnd) if n.state == NodeState.ONLINE]
-    if len(nodes) < job.min_nodes:
-        _to_pending(job, f"Rank failure and only {len(nodes)} node(s) available; waiting for capacity")
+    online = [n for n in nodes if n.state == NodeState.ONLINE]
+    if len(online) < job.min_nodes:
+        _to_pending(job, f"Rank failure and only {len(online)} node(s) available; waiting for capacity")
         return
-    new_round(job, nodes, RoundReason.FAILURE, charged=True)
+    new_round(job, online, RoundReason.FAILURE, charged=True)
+
+
+def _settle_failed_rounds() -> None:
+    failed = Round.objects.filter(
+        outcome="failed",
+        number=F("job__round_number"),
+        job__state__in=[s.value for s in JobState if s.is_active],
+    ).values_list("job_id", flat=True)
+    for job_id in list(failed):
+        with decision():
+            job = _locked_job(job_id)
+            rnd = job.current_round()
+            if rnd is not None:
+                _settle_failure(job, rnd)
 
 
 def round_ended(
     node_name: str, job_id: int, number: int, outcome: str, failures: list[protocol.RankExit]
 ) -> None:
     with decision():
-        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        now = timezone.now()
+        _reported(node_name, now)
+        job = Job.objects.select_for_update(of=("self",)).filter(pk=job_id).first()
         if job is None or job.round_number != number or not job.job_state.is_active:
             return
         alloc = (
@@ -693,7 +750,7 @@ def round_ended(
             if not rnd.allocations.exclude(state=AllocationState.SUCCEEDED).exists():
                 _finish(job, JobState.SUCCEEDED, f"Succeeded in round {number}")
         elif outcome == "failed" and failures:
-            _handle_failure(job, alloc, failures[0])
+            _handle_failure(job, alloc, failures[0], now)
         elif outcome == "failed":
             _handle_failure(
                 job,
@@ -707,6 +764,7 @@ def round_ended(
                     "error": "round failed",
                     "at": 0.0,
                 },
+                now,
             )
 
 
@@ -767,6 +825,7 @@ def _refund_failures_caused_by(job: Job, node: Node) -> None:
 def tick() -> None:
     """Periodic checks: lost nodes, finished drains, pending jobs, auto-scaling."""
     _detect_lost_nodes()
+    _settle_failed_rounds()
     _progress_drains()
     schedule()
 

@@ -143,6 +143,10 @@ class Round(models.Model):
     first_step_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=32, blank=True)
+    failed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its first rank failure was reported"
+    )
+    failure = models.JSONField(default=dict, blank=True, help_text="The first failing rank and its error")
 
     class Meta:
         ordering = ["job", "number"]
