@@ -4,8 +4,10 @@
 websocket groups that may show it. Group names and message types (handlers are named after the
 type with the dot replaced, per the Channels docs):
 
-- ``job.<id>``: ``job.event`` {"event": {...}}, ``job.state`` {"job": {...}}, and the
-  telemetry frames the ingest sends (``job.frame``).
+- ``job.<id>``: ``job.event`` {"event": {...}}, ``job.state`` {"job": {...}}, and the log
+  frames the ingest sends (``job.frame``). Metric frames do not use the channel layer: ingest
+  publishes each once on Redis pub/sub and console/telemetry/fanout.py hands it to the local
+  viewers of each web process.
 - ``cluster``: ``cluster.node`` {"node": {...}}, ``cluster.job`` {"job": {...}}, ``cluster.event``.
 """
 
