@@ -120,7 +120,7 @@ def test_agent_lifecycle_on_the_wire(
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29999")
         assert env["TORCHELASTIC_RESTART_COUNT"] == "2"
         assert env["TORCHELASTIC_MAX_RESTARTS"] == "3"
-        assert env["TORCHELASTIC_RUN_ID"] == "job-71-round-1"
+        assert env["TORCHELASTIC_RUN_ID"] == "job-71"
         assert env["OMP_NUM_THREADS"] == "2"  # the job's env wins over the default of 1
         assert env["CUDA_VISIBLE_DEVICES"] == ""
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
