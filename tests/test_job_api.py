@@ -56,6 +56,7 @@ def test_operator_submits_a_job_and_it_waits_pending(operator: User) -> None:
         ({"env": {"MASTER_PORT": "1"}}, "env", "cannot be overridden"),
         ({"env": {"1BAD": "x"}}, "env", "not a valid"),
         ({"strategy": "gossip"}, "strategy", "valid choice"),
+        ({"strategy": "parameter_server"}, "strategy", "not available yet"),
         ({"entrypoint": "train.py"}, "entrypoint", "needs a bundle or a workdir"),
         ({"bundle": 999999, "workdir": ""}, "bundle", "object does not exist"),
         ({"max_restarts": -1}, "max_restarts", "greater than or equal to 0"),

@@ -123,6 +123,14 @@ class JobSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError("The entrypoint contains a NUL byte.")
         return value
 
+    def validate_strategy(self, value: str) -> str:
+        if value == Strategy.PARAMETER_SERVER:
+            # Refused rather than accepted and ignored: no parameter-server runtime ships yet.
+            raise serializers.ValidationError(
+                "The parameter_server strategy is not available yet; use allreduce."
+            )
+        return value
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         workload, entrypoint = attrs.get("workload", ""), attrs.get("entrypoint", "")
         if bool(workload) == bool(entrypoint):

@@ -176,7 +176,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
         {
             "catalog": workload_catalog(),
             "precisions": Precision.values,
-            "strategies": Strategy.values,
+            "strategies": [s for s in Strategy.values if s != Strategy.PARAMETER_SERVER],  # not available yet
             "nav": "submit",
         },
     )
