@@ -811,8 +811,9 @@ def _node_gone(node: Node, how: str) -> None:
 def _refund_failures_caused_by(job: Job, node: Node) -> None:
     """Rank failures right after a node died were the node's loss, not the job's fault.
 
-    Peers of a dead node fail in their collectives before its heartbeats are missed; those
-    restarts are membership changes and must not use up max_restarts.
+    _settle_failure already waits for every host to show it is alive before charging, but a
+    heartbeat the dead host sent just before dying can be processed after the failure and
+    look like that proof; this undoes such a charge when the host is then declared lost.
     """
     since = (node.last_heartbeat or timezone.now()) - timedelta(seconds=settings.HEARTBEAT_INTERVAL)
     charged = job.rounds.filter(charged=True, reason=RoundReason.FAILURE, created_at__gte=since)
