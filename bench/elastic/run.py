@@ -256,7 +256,8 @@ class Trainyard:
 
         self.root = root
         self.controller = Controller(BENCH_REDIS, root / "controller", TRAINYARD_CONTROLLER_TICK="0.5")
-        self.agents = AgentProcs(root, BENCH_REDIS, token=settings.NODE_TOKEN)
+        # The product's default warm pool, not the tests' smaller one.
+        self.agents = AgentProcs(root, BENCH_REDIS, token=settings.NODE_TOKEN, warm_pool=None)
         self.api = APIClient()
         self.api.force_authenticate(User.objects.get_or_create(username="bench", is_superuser=True)[0])
         self.controller.start()

@@ -34,6 +34,10 @@ from workers.protocol import RoundSpec
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DDP_SCRIPT = REPO_ROOT / "tests" / "scripts" / "ddp_train.py"
 AGENT_STOP_TIMEOUT = 60.0
+TEST_WARM_POOL = 2
+"""Tests' agents keep 2 warm interpreters, not the product's default (workers.agent.warmpool):
+several agents share this machine's two cores with the suite, and each import costs a second
+of CPU. Pass ``warm_pool=None`` for the product default."""
 
 
 def redis_url() -> str:
@@ -110,9 +114,11 @@ def start_agent(
     data_dir: Path,
     checkpoint_root: Path,
     heartbeat: float = 0.5,
+    warm_pool: int | None = TEST_WARM_POOL,
     extra_args: list[str] | None = None,
 ) -> AgentProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
+    pool_args = [] if warm_pool is None else ["--warm-pool", str(warm_pool)]
     log_path = data_dir.parent / f"agent-{name}.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with log_path.open("ab") as log:
@@ -135,6 +141,7 @@ def start_agent(
                 str(data_dir),
                 "--checkpoint-root",
                 str(checkpoint_root),
+                *pool_args,
                 *(extra_args or []),
             ],
             cwd=REPO_ROOT,
@@ -149,14 +156,25 @@ def start_agent(
 class AgentProcs:
     """Every agent a test starts; ``cleanup`` kills agents and all their descendants by pid."""
 
-    def __init__(self, root: Path, broker_url: str, token: str = "node-token-1") -> None:
+    def __init__(
+        self,
+        root: Path,
+        broker_url: str,
+        token: str = "node-token-1",
+        warm_pool: int | None = TEST_WARM_POOL,
+    ) -> None:
         self.root = root
         self.broker_url = broker_url
         self.token = token
+        self.warm_pool = warm_pool
         self.agents: list[AgentProcess] = []
 
     def start(
-        self, name: str, *, heartbeat: float = 0.5, extra_args: list[str] | None = None
+        self,
+        name: str,
+        *,
+        heartbeat: float = 0.5,
+        extra_args: list[str] | None = None,
     ) -> AgentProcess:
         agent = start_agent(
             name,
@@ -165,6 +183,7 @@ class AgentProcs:
             data_dir=self.root / "agents" / name,
             checkpoint_root=self.root / "checkpoints",
             heartbeat=heartbeat,
+            warm_pool=self.warm_pool,
             extra_args=extra_args,
         )
         self.agents.append(agent)

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.agent.warmpool import DEFAULT_WARM_POOL
+
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_HEARTBEAT_SECONDS = 2.0
 
@@ -21,7 +23,7 @@ class AgentConfig:
     heartbeat: float
     data_dir: Path
     checkpoint_root: Path
-    warm_pool: int = 2  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
+    warm_pool: int = DEFAULT_WARM_POOL  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
 
     @property
     def rounds_dir(self) -> Path:
@@ -58,8 +60,9 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument(
         "--warm-pool",
         type=int,
-        default=2,
-        help="interpreters kept ready with torch imported for fast rank starts (~300 MB each); 0 disables",
+        default=DEFAULT_WARM_POOL,
+        help="interpreters kept ready with torch imported for fast rank starts (~300 MB each; the pool "
+        "keeps up to twice the last round's local ranks); 0 disables",
     )
     ns = parser.parse_args(argv)
     broker = ns.broker or os.environ.get("TRAINYARD_BROKER_URL") or os.environ.get("REDIS_URL") or ""

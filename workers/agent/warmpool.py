@@ -1,18 +1,30 @@
-"""The warm pool: K interpreters (``python -m workers.agent.warm``) started ahead of time with
-torch already imported, so a new rank skips interpreter start and ``import torch`` (seconds on a
-busy host) and goes straight to init_process_group.
+"""The warm pool: interpreters (``python -m workers.agent.warm``) started ahead of time with
+torch already imported and its lazy imports done, so a new rank skips interpreter start and the
+imports (seconds on a busy host) and goes straight to init_process_group.
 
-Cost: an idle warm interpreter holds about 300 MB RSS (torch's libraries and modules) and no
-CPU; ``--warm-pool 0`` disables the pool.
+Size: up to twice the local ranks of the last round started here (at most ``--warm-pool``,
+default DEFAULT_WARM_POOL; every slot before the first round): one round's worth for the next
+launch and one more, so that a restart or resize right after a launch still finds a round's
+worth ready even when the refill has had no CPU to run. Cost: an idle warm interpreter holds
+about 300 MB RSS (torch's libraries and modules, much of it shared file pages) and no CPU;
+``--warm-pool 0`` disables the pool.
+
+Refilling only uses CPU the ranks leave idle. Imports run at the lowest priority (warm.py), and
+the refill thread meters the host: a new interpreter is started only when, over the last
+METER_WINDOW_SECONDS, at least MIN_SPARE_CPUS cores were idle apart from the pool's own imports,
+and not within REFILL_DELAY_SECONDS of a launch (while ranks initialise). An import already
+under way is paused (SIGSTOP) when the spare CPU drops below PAUSE_BELOW_SPARE_CPUS and resumed
+(SIGCONT) when it is back: on a host whose cores the ranks keep busy (2 ranks on 2 cores here)
+even a niced import took 10-25 % of the training throughput, because it ran in every gap
+between the ranks' collectives. Each warm interpreter writes one byte on its stdout pipe when
+its imports are done; ``take()`` prefers those.
 
 Each warm process runs in its own session (its pgid is its pid, as for a cold rank), carries
 the agent session marker in its environment and is watched by the reaper from the moment it is
-spawned, so a SIGKILLed agent leaves no idle warm process behind; it also exits by itself when
-its stdin pipe reaches EOF. ``take()`` hands one out (the supervisor adopts its Popen as the
-rank's process, and supervision is the same as for a cold rank). A background thread refills
-the pool (up to the local ranks of the last round started here, at most K), but only
-REFILL_DELAY_SECONDS after the last launch, and imports run at the lowest CPU priority
-(warm.py), so a refill does not steal CPU from ranks that are still initialising.
+spawned, so a SIGKILLed agent leaves no idle warm process behind (SIGKILL also ends a paused
+one); it also exits by itself when its stdin pipe reaches EOF. ``take()`` hands one out (the
+supervisor adopts its Popen as the rank's process, and supervision is the same as for a cold
+rank).
 
 Only a Python command (``sys.executable script.py ...`` or ``sys.executable -m module ...``)
 can use a warm process, and only when the rank's environment agrees with the warm
@@ -22,6 +34,7 @@ interpreter's start environment on every variable read at interpreter or library
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -31,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,9 +53,16 @@ logger = logging.getLogger(__name__)
 LAUNCH_SIGNAL = signal.SIGWINCH
 """warm.LAUNCH_SIGNAL (not imported from there: that module is the warm interpreter's)."""
 
-DEFAULT_WARM_POOL = 2
-REFILL_DELAY_SECONDS = 3.0
+DEFAULT_WARM_POOL = 4
+ROUNDS_AHEAD = 2
+"""The pool aims at this many rounds' worth of the last round's local ranks."""
+REFILL_DELAY_SECONDS = 2.0
 POOL_TICK_SECONDS = 0.2
+METER_WINDOW_SECONDS = 1.0
+MIN_SPARE_CPUS = 1.0
+"""Idle cores (not counting the pool's imports) needed to start or resume an import."""
+PAUSE_BELOW_SPARE_CPUS = 0.75
+"""Below this many idle cores an import under way is paused (hysteresis against flapping)."""
 CLOSE_WAIT_SECONDS = 5.0
 TITLE_PADDING = " " * 4096
 """Room in argv for the rank's command line once a warm process becomes a rank (warm.retitle)."""
@@ -109,6 +130,7 @@ def send_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> None
     stdin = proc.stdin
     assert stdin is not None
     with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)  # a paused import goes on, now for the rank
         os.kill(proc.pid, LAUNCH_SIGNAL)
     try:
         stdin.write(json.dumps(request).encode() + b"\n")
@@ -118,16 +140,90 @@ def send_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> None
             stdin.close()
 
 
+class CpuMeter:
+    """How many cores were idle over the last ``window`` seconds, not counting the CPU of some
+    processes of ours (the pool's imports: what they use would otherwise be idle). Reads
+    /proc/stat and /proc/<pid>/stat; on a system without them every core counts as spare."""
+
+    def __init__(self, window: float = METER_WINDOW_SECONDS) -> None:
+        self.window = window
+        self.cpus = os.cpu_count() or 1
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._samples: collections.deque[tuple[float, float, float]] = collections.deque()
+        self._own_total = 0.0
+        self._own_last: dict[int, float] = {}
+
+    def sample(self, own_pids: list[int]) -> None:
+        """Record now's counters; ``own_pids`` are the processes whose CPU counts as idle."""
+        busy = self._busy_seconds()
+        if busy is None:
+            return
+        for pid in own_pids:
+            used = self._process_seconds(pid)
+            if used is None:
+                continue
+            self._own_total += max(0.0, used - self._own_last.get(pid, used))
+            self._own_last[pid] = used
+        for pid in [p for p in self._own_last if p not in own_pids]:
+            del self._own_last[pid]
+        now = time.monotonic()
+        self._samples.append((now, busy, self._own_total))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window:
+            self._samples.popleft()
+
+    def spare(self) -> float:
+        """Idle cores over the window (all of them until two samples exist)."""
+        if len(self._samples) < 2:
+            return float(self.cpus)
+        (t0, busy0, own0), (t1, busy1, own1) = self._samples[0], self._samples[-1]
+        if t1 - t0 <= 0:
+            return float(self.cpus)
+        others = max(0.0, (busy1 - busy0) - (own1 - own0))
+        return max(0.0, self.cpus - others / (t1 - t0))
+
+    def _busy_seconds(self) -> float | None:
+        try:
+            with open("/proc/stat", "rb") as fh:
+                fields = fh.readline().split()
+        except OSError:
+            return None
+        # cpu user nice system idle iowait irq softirq steal ...: all but idle and iowait is busy.
+        values = [int(v) for v in fields[1:9]]
+        return (sum(values) - values[3] - values[4]) / self._tick
+
+    def _process_seconds(self, pid: int) -> float | None:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        # Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+        rest = data[data.rindex(b")") + 2 :].split()
+        return (int(rest[11]) + int(rest[12])) / self._tick
+
+
+@dataclass
+class WarmProcess:
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+    paused: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
 class WarmPool:
     def __init__(self, size: int, session_env: dict[str, str], watcher: Watcher, log_path: Path) -> None:
         self.size = max(0, size)
         self._watcher = watcher
         self._log_path = log_path
         self.start_env = dict(session_env)
-        self._idle: list[subprocess.Popen[bytes]] = []
+        self._idle: list[WarmProcess] = []
         self._lock = threading.Lock()
         self._refill_at = 0.0
         self._target = self.size
+        self._meter = CpuMeter()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
 
@@ -147,28 +243,32 @@ class WarmPool:
 
     def idle_pids(self) -> list[int]:
         with self._lock:
-            return [proc.pid for proc in self._idle]
+            return [warm.pid for warm in self._idle]
 
     def hold(self, ranks: int | None = None) -> None:
-        """A round of ``ranks`` local ranks is starting on this host: no refill for
-        REFILL_DELAY_SECONDS, and from then on keep only as many processes as it used (at most
-        the pool size): its next round (restart, resize) is the likely next launch, and an
-        interpreter nobody takes costs memory and, to start, CPU."""
+        """A round of ``ranks`` local ranks is starting on this host: no new import for
+        REFILL_DELAY_SECONDS, and from then on aim at ROUNDS_AHEAD rounds' worth of its ranks
+        (at most the pool size): its next round (restart, resize) is the likely next launch,
+        and an interpreter nobody takes costs memory."""
         with self._lock:
             if ranks is not None:
-                self._target = min(self.size, max(1, ranks))
+                self._target = min(self.size, max(1, ranks) * ROUNDS_AHEAD)
             self._refill_at = max(self._refill_at, time.monotonic() + REFILL_DELAY_SECONDS)
 
     def take(self) -> subprocess.Popen[bytes] | None:
-        """An idle warm process (possibly still importing: it reads its launch line as soon as
-        it is done, still sooner than a cold start), or None when the pool is empty."""
+        """An idle warm process, one done importing if there is one (else one still importing:
+        it reads its launch line as soon as it is done, still sooner than a cold start), or
+        None when the pool is empty."""
         with self._lock:
             self._refill_at = max(self._refill_at, time.monotonic() + REFILL_DELAY_SECONDS)
-            while self._idle:
-                proc = self._idle.pop(0)
-                if proc.poll() is None:
-                    return proc
-                self._discard(proc)
+            self._read_ready()
+            for warm in sorted(self._idle, key=lambda w: not w.ready):
+                self._idle.remove(warm)
+                if warm.proc.poll() is None:
+                    if warm.proc.stdout is not None:
+                        warm.proc.stdout.close()
+                    return warm.proc
+                self._discard(warm)
         return None
 
     def forget(self, pid: int) -> None:
@@ -182,18 +282,21 @@ class WarmPool:
             self._thread.join(timeout=10)
         with self._lock:
             idle, self._idle = self._idle, []
-        for proc in idle:
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+        for warm in idle:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(warm.pid, signal.SIGCONT)  # a paused process could not see the EOF
+            for pipe in (warm.proc.stdin, warm.proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
         deadline = time.monotonic() + CLOSE_WAIT_SECONDS
-        for proc in idle:
+        for warm in idle:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
+                warm.proc.wait(max(0.0, deadline - time.monotonic()))
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            self._watcher.forget(proc.pid)
+                os.killpg(warm.pid, signal.SIGKILL)
+            warm.proc.wait()
+            self._watcher.forget(warm.pid)
 
     # --- the refill thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -205,33 +308,74 @@ class WarmPool:
 
     def _tick(self) -> None:
         with self._lock:
-            for proc in [p for p in self._idle if p.poll() is not None]:
-                self._idle.remove(proc)
-                self._discard(proc)
-            if len(self._idle) >= self._target or time.monotonic() < self._refill_at:
+            for warm in [w for w in self._idle if w.proc.poll() is not None]:
+                self._idle.remove(warm)
+                self._discard(warm)
+            self._read_ready()
+            importing = [w for w in self._idle if not w.ready]
+            self._meter.sample([w.pid for w in importing])
+            spare = self._meter.spare()
+            for warm in importing:
+                if not warm.paused and spare < PAUSE_BELOW_SPARE_CPUS:
+                    self._signal(warm, signal.SIGSTOP)
+                elif warm.paused and spare >= MIN_SPARE_CPUS:
+                    self._signal(warm, signal.SIGCONT)
+            if (
+                importing  # one import at a time: the ranks running meanwhile need the CPU
+                or len(self._idle) >= self._target
+                or time.monotonic() < self._refill_at
+                or spare < MIN_SPARE_CPUS
+            ):
                 return
-            # One at a time: each spawn imports torch, and the ranks running meanwhile need the CPU.
-            proc = self._spawn()
-            self._idle.append(proc)
+            self._idle.append(self._spawn())
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _read_ready(self) -> None:
+        """Marks processes whose "done importing" byte has arrived. Called with the lock held."""
+        for warm in self._idle:
+            if warm.ready or warm.proc.stdout is None:
+                continue
+            try:
+                data = os.read(warm.proc.stdout.fileno(), 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if data:
+                warm.ready = True
+
+    def _signal(self, warm: WarmProcess, signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(warm.pid, signum)
+        warm.paused = signum == signal.SIGSTOP
+        logger.info("warm pool: %s pid %s", "paused" if warm.paused else "resumed", warm.pid)
+
+    def _spawn(self) -> WarmProcess:
         with self._log_path.open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.agent.warm", TITLE_PADDING],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=log,
                 env=self.start_env,
                 start_new_session=True,
             )
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
         self._watcher.watch(proc.pid)
         logger.info("warm pool: started pid %s (%s idle)", proc.pid, len(self._idle) + 1)
-        return proc
+        return WarmProcess(proc)
 
-    def _discard(self, proc: subprocess.Popen[bytes]) -> None:
+    def _discard(self, warm: WarmProcess) -> None:
         logger.warning(
-            "warm pool: pid %s exited while idle (code %s); see %s", proc.pid, proc.returncode, self._log_path
+            "warm pool: pid %s exited while idle (code %s); see %s",
+            warm.pid,
+            warm.proc.returncode,
+            self._log_path,
         )
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        self._watcher.forget(proc.pid)
+            os.killpg(warm.pid, signal.SIGKILL)
+        for pipe in (warm.proc.stdin, warm.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._watcher.forget(warm.pid)
