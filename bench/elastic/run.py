@@ -38,6 +38,10 @@ BENCH_DB = "trainyard_bench_elastic"
 BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 HEARTBEAT = 2.0
 STEP_SLEEP = 0.05
+TRAINED_STEPS = 60
+"""Each case acts once the job has trained this many steps at its world size (about 4 s), on
+Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
+second."""
 TORCHRUN_WAIT = 25.0  # how long a torchrun case may take before it counts as "never"
 DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
 
@@ -172,7 +176,7 @@ def torchrun_rank_kill(work: Path) -> float | None:
         work / "torchrun.log",
     )
     try:
-        if not wait_steps(progress, 2, 10):
+        if not wait_steps(progress, 2, TRAINED_STEPS):
             return None
         victim = script_pids(proc.pid)[-1]
         t0 = time.time()
@@ -211,7 +215,7 @@ def torchrun_scale_up(work: Path) -> float | None:
     progress, port = work / "progress.jsonl", free_port()
     procs = [torchrun_c10d(work, n, port, progress) for n in range(2)]
     try:
-        if not wait_steps(progress, 2, 10):
+        if not wait_steps(progress, 2, TRAINED_STEPS):
             return None
         t0 = time.time()
         procs.append(torchrun_c10d(work, 2, port, progress))
@@ -226,7 +230,7 @@ def torchrun_node_kill(work: Path) -> float | None:
     progress, port = work / "progress.jsonl", free_port()
     procs = [torchrun_c10d(work, n, port, progress) for n in range(3)]
     try:
-        if not wait_steps(progress, 3, 10, timeout=120):
+        if not wait_steps(progress, 3, TRAINED_STEPS, timeout=120):
             return None
         t0 = time.time()
         kill_tree(procs[2].pid)  # the host dies: its agent and its rank
@@ -264,6 +268,17 @@ class Trainyard:
         for name in ("bench-a", "bench-b", "bench-c"):
             self.agents.start(name, heartbeat=HEARTBEAT)
         self.wait_online(3)
+        self.wait_pools()
+
+    def wait_pools(self) -> None:
+        """Agents that just booted are still filling their warm pools (imports on every core):
+        the cases measure hosts in their steady state."""
+        from tests.support.agents import wait_pool_ready
+        from workers.agent.warmpool import DEFAULT_WARM_POOL
+
+        for agent in self.agents.agents:
+            if agent.popen.poll() is None:
+                wait_pool_ready(agent, DEFAULT_WARM_POOL, timeout=180)
 
     def wait_online(self, count: int) -> None:
         from console.cluster.models import Node
@@ -303,7 +318,7 @@ class Trainyard:
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1", 2)
         try:
-            if not wait_steps(progress, 2, 10):
+            if not wait_steps(progress, 2, TRAINED_STEPS):
                 return None
             node = self.node_of(job, rank=0)
             victim = script_pids(node.pid)[-1]
@@ -317,7 +332,7 @@ class Trainyard:
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1:3", 1, desired=2)
         try:
-            if not wait_steps(progress, 2, 10):
+            if not wait_steps(progress, 2, TRAINED_STEPS):
                 return None
             t0 = time.time()
             response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
@@ -330,7 +345,7 @@ class Trainyard:
         progress = work / "progress.jsonl"
         job = self.submit(progress, "2:3", 1)
         try:
-            if not wait_steps(progress, 3, 10):
+            if not wait_steps(progress, 3, TRAINED_STEPS):
                 return None
             agent = self.node_of(job, rank=2)
             ranks = script_pids(agent.pid)
@@ -359,6 +374,7 @@ class Trainyard:
             if name not in live:
                 self.agents.start(name, heartbeat=HEARTBEAT)
         self.wait_online(3)
+        self.wait_pools()
 
     def close(self) -> None:
         self.agents.cleanup()

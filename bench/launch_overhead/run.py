@@ -31,7 +31,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-import psutil  # noqa: E402
 
 from tests.support.agents import (  # noqa: E402
     AgentProcess,
@@ -40,6 +39,7 @@ from tests.support.agents import (  # noqa: E402
     read_progress,
     round_spec,
     start_agent,
+    wait_pool_ready,
 )
 from workers import protocol  # noqa: E402
 from workers.agent.warmpool import DEFAULT_WARM_POOL  # noqa: E402
@@ -62,42 +62,11 @@ def measure(progress: Path, launched_at: float) -> tuple[float, float]:
     return steps[0]["t"] - launched_at, (last["step"] - steady["step"]) / (last["t"] - steady["t"])
 
 
-def idle_warm(agent: AgentProcess) -> list[psutil.Process]:
-    found = []
-    for proc in agent.descendants():
-        try:
-            if "workers.agent.warm" in proc.cmdline():
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_pool_ready(agent: AgentProcess, size: int) -> None:
-    """Until ``size`` idle warm interpreters exist and none used CPU for half a second (their
-    imports are done and they are blocked on their launch line)."""
-    deadline = time.monotonic() + POOL_READY_TIMEOUT
-    while time.monotonic() < deadline:
-        procs = idle_warm(agent)
-        if len(procs) >= size:
-            try:
-                before = [sum(p.cpu_times()[:2]) for p in procs]
-                time.sleep(0.5)
-                after = [sum(p.cpu_times()[:2]) for p in procs]
-            except psutil.Error:
-                continue
-            if all(b - a < 0.01 for a, b in zip(before, after, strict=True)):
-                return
-        else:
-            time.sleep(0.2)
-    raise RuntimeError(f"warm pool of {agent.name} not ready within {POOL_READY_TIMEOUT:.0f} s")
-
-
 def run_agent_once(
     queue: ControlQueue, agent: AgentProcess, warm_pool: int, work: Path, index: int, job_id: int
 ) -> tuple[float, float]:
     if warm_pool:
-        wait_pool_ready(agent, warm_pool)
+        wait_pool_ready(agent, warm_pool, POOL_READY_TIMEOUT)
     progress = work / f"{agent.name}-{index}.jsonl"
     spec = round_spec(
         job_id=job_id,

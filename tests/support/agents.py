@@ -153,6 +153,37 @@ def start_agent(
     return AgentProcess(name, popen, data_dir, checkpoint_root, log_path)
 
 
+def warm_processes(agent: AgentProcess) -> list[psutil.Process]:
+    """The agent's idle warm-pool interpreters (importing, paused or ready)."""
+    found = []
+    for proc in agent.descendants():
+        with contextlib.suppress(psutil.Error):
+            if "workers.agent.warm" in proc.cmdline():
+                found.append(proc)
+    return found
+
+
+def wait_pool_ready(agent: AgentProcess, size: int, timeout: float = 120.0) -> None:
+    """Until ``size`` idle warm interpreters exist, none paused and none using CPU for half a
+    second (their imports are done and they wait for their launch line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs = warm_processes(agent)
+        if len(procs) >= size:
+            try:
+                before = [sum(p.cpu_times()[:2]) for p in procs]
+                time.sleep(0.5)
+                after = [sum(p.cpu_times()[:2]) for p in procs]
+                running = all(p.status() != psutil.STATUS_STOPPED for p in procs)
+            except psutil.Error:
+                continue
+            if running and all(b - a < 0.01 for a, b in zip(before, after, strict=True)):
+                return
+        else:
+            time.sleep(0.2)
+    raise RuntimeError(f"warm pool of {agent.name} not ready within {timeout:.0f} s")
+
+
 class AgentProcs:
     """Every agent a test starts; ``cleanup`` kills agents and all their descendants by pid."""
 

@@ -10,9 +10,9 @@ about 300 MB RSS (torch's libraries and modules, much of it shared file pages) a
 ``--warm-pool 0`` disables the pool.
 
 Refilling only uses CPU the ranks leave idle. Imports run at the lowest priority (warm.py), and
-the refill thread meters the host: a new interpreter is started only when, over the last
-METER_WINDOW_SECONDS, at least MIN_SPARE_CPUS cores were idle apart from the pool's own imports,
-and not within REFILL_DELAY_SECONDS of a launch (while ranks initialise). An import already
+the refill thread meters the host: over the last METER_WINDOW_SECONDS, how many cores were idle
+apart from the pool's own imports. It runs one import per such idle core, none within
+REFILL_DELAY_SECONDS of a launch (while ranks initialise). An import already
 under way is paused (SIGSTOP) when the spare CPU drops below PAUSE_BELOW_SPARE_CPUS and resumed
 (SIGCONT) when it is back: on a host whose cores the ranks keep busy (2 ranks on 2 cores here)
 even a niced import took 10-25 % of the training throughput, because it ran in every gap
@@ -56,7 +56,7 @@ LAUNCH_SIGNAL = signal.SIGWINCH
 DEFAULT_WARM_POOL = 4
 ROUNDS_AHEAD = 2
 """The pool aims at this many rounds' worth of the last round's local ranks."""
-REFILL_DELAY_SECONDS = 2.0
+REFILL_DELAY_SECONDS = 1.0
 POOL_TICK_SECONDS = 0.2
 METER_WINDOW_SECONDS = 1.0
 MIN_SPARE_CPUS = 1.0
@@ -321,10 +321,10 @@ class WarmPool:
                 elif warm.paused and spare >= MIN_SPARE_CPUS:
                     self._signal(warm, signal.SIGCONT)
             if (
-                importing  # one import at a time: the ranks running meanwhile need the CPU
+                # As many imports at once as there are idle cores (each keeps one core busy).
+                len(importing) + 1 > spare // MIN_SPARE_CPUS
                 or len(self._idle) >= self._target
                 or time.monotonic() < self._refill_at
-                or spare < MIN_SPARE_CPUS
             ):
                 return
             self._idle.append(self._spawn())
