@@ -42,7 +42,8 @@ TRAINED_STEPS = 60
 """Each case acts once the job has trained this many steps at its world size (about 4 s), on
 Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
 second."""
-TORCHRUN_WAIT = 25.0  # how long a torchrun case may take before it counts as "never"
+TORCHRUN_WAIT = 25.0
+TORCHRUN_RANK_KILL_REFERENCE = 4.5  # s, kill -9 one rank under torchrun --standalone (DOMAIN.md)  # how long a torchrun case may take before it counts as "never"
 DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
 
 os.environ.update(
@@ -273,12 +274,11 @@ class Trainyard:
     def wait_pools(self) -> None:
         """Agents that just booted are still filling their warm pools (imports on every core):
         the cases measure hosts in their steady state."""
-        from tests.support.agents import wait_pool_ready
-        from workers.agent.warmpool import DEFAULT_WARM_POOL
+        from tests.support.agents import wait_pool_settled
 
         for agent in self.agents.agents:
             if agent.popen.poll() is None:
-                wait_pool_ready(agent, DEFAULT_WARM_POOL, timeout=180)
+                wait_pool_settled(agent, timeout=180)
 
     def wait_online(self, count: int) -> None:
         from console.cluster.models import Node
@@ -461,9 +461,7 @@ def main() -> int:
         finally:
             ty.close()
         print("torchrun (c10d / standalone)", flush=True)
-        results["torchrun"]["rank_kill"] = measure(
-            "rank kill", args.reps, torchrun_rank_kill, root / "tr", args.reps
-        )
+        results["torchrun"]["rank_kill"] = measure("rank kill", args.reps, torchrun_rank_kill, root / "tr", 3)
         results["torchrun"]["scale_up"] = measure(
             "scale-up 2→3", args.reps, torchrun_scale_up, root / "tr", 2
         )
@@ -490,8 +488,25 @@ def main() -> int:
         figures[f"torchrun_{key}_s"] = tr_m
         figures[f"trainyard_{key}_runs"] = results["trainyard"][key]
         figures[f"torchrun_{key}_runs"] = results["torchrun"][key]
-    rk_ty, rk_tr = figures["trainyard_rank_kill_s"], figures["torchrun_rank_kill_s"]
-    figures["rank_kill_ratio"] = rk_ty / rk_tr if rk_ty is not None and rk_tr else None
+    # torchrun often never recovers from a rank kill here (its restart fails in gloo's
+    # connectFullMesh, then hangs): the ratio is taken against the reps where it did recover,
+    # or, when none did, against its 4.5 s measured on these machines (DOMAIN.md).
+    rk_ty = figures["trainyard_rank_kill_s"]
+    recovered = [v for v in results["torchrun"]["rank_kill"] if v is not None]
+    figures["torchrun_rank_kill_recovered"] = f"{len(recovered)} of {len(results['torchrun']['rank_kill'])}"
+    figures["torchrun_rank_kill_recovered_s"] = statistics.median(recovered) if recovered else None
+    basis = statistics.median(recovered) if recovered else TORCHRUN_RANK_KILL_REFERENCE
+    figures["rank_kill_ratio"] = rk_ty / basis if rk_ty is not None else None
+    figures["rank_kill_ratio_basis"] = (
+        "torchrun reps that recovered" if recovered else "torchrun 4.5 s (DOMAIN.md)"
+    )
+    print(
+        f"rank kill: torchrun recovered in {figures['torchrun_rank_kill_recovered']} reps; "
+        f"Trainyard / torchrun = {figures['rank_kill_ratio']:.2f} "
+        f"(against {figures['rank_kill_ratio_basis']})"
+        if rk_ty is not None
+        else "rank kill: Trainyard did not recover"
+    )
     figures["torchrun_wait_s"] = TORCHRUN_WAIT
     print()
     print("targets: rank-kill ratio <= 0.5; scale-up <= 5 s; node loss <= 10 s (2 s heartbeats)")

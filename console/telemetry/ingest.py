@@ -559,7 +559,26 @@ class Ingestor:
             self.redis.xtrim(self.stream, minid=f"{ms}-{seq}", approximate=False)
 
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
-        return self.commit(self.prepare(entries, self.replaying))
+        prepared = self.prepare(entries, self.replaying)
+        self.feed_frames(prepared)
+        return self.commit(prepared)
+
+    def feed_frames(self, prepared: Prepared) -> None:
+        """Live points go to the frames as soon as they are decoded, before the database write:
+        viewers should not wait for PostgreSQL (a commit under load took hundreds of ms here).
+        First deliveries only: a replay's points reach the frames after its commit, and only
+        those the database did not have yet. If the write then fails, the entries are replayed
+        and their points sent again; a chart draws a step it already has at the same place."""
+        if prepared.replay or not prepared.metrics:
+            return
+        points = [
+            (job, rnd, rank, step, name, value, t)
+            for job, rnd, rank, _seq, step, name, value, t in prepared.metrics
+            if rank == FRAME_RANK
+        ]
+        with self.lock:
+            self._add_to_frames(points, [])
+        self.maybe_flush()
 
     def prepare(self, entries: list[tuple[bytes, dict[bytes, bytes]]], replay: bool) -> Prepared:
         """Decode entries into rows ready to store: the CPU half of a pass, no writes."""
@@ -633,7 +652,8 @@ class Ingestor:
                     )
         with self.lock:
             self.points_since_stats += len(prepared.metrics)
-            self._add_to_frames(stored_points, stored_logs)
+            # First deliveries' points went to the frames before the write (feed_frames).
+            self._add_to_frames(stored_points if prepared.replay else [], stored_logs)
         self.maybe_flush()
         return len(prepared.metrics)
 

@@ -163,25 +163,40 @@ def warm_processes(agent: AgentProcess) -> list[psutil.Process]:
     return found
 
 
+def _all_idle(procs: list[psutil.Process]) -> bool:
+    """None paused and none using CPU for half a second: imports done, waiting for a launch."""
+    try:
+        before = [sum(p.cpu_times()[:2]) for p in procs]
+        time.sleep(0.5)
+        after = [sum(p.cpu_times()[:2]) for p in procs]
+        running = all(p.status() != psutil.STATUS_STOPPED for p in procs)
+    except psutil.Error:
+        return False
+    return running and all(b - a < 0.01 for a, b in zip(before, after, strict=True))
+
+
 def wait_pool_ready(agent: AgentProcess, size: int, timeout: float = 120.0) -> None:
-    """Until ``size`` idle warm interpreters exist, none paused and none using CPU for half a
-    second (their imports are done and they wait for their launch line)."""
+    """Until ``size`` idle warm interpreters exist, all done importing."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         procs = warm_processes(agent)
-        if len(procs) >= size:
-            try:
-                before = [sum(p.cpu_times()[:2]) for p in procs]
-                time.sleep(0.5)
-                after = [sum(p.cpu_times()[:2]) for p in procs]
-                running = all(p.status() != psutil.STATUS_STOPPED for p in procs)
-            except psutil.Error:
-                continue
-            if running and all(b - a < 0.01 for a, b in zip(before, after, strict=True)):
-                return
-        else:
-            time.sleep(0.2)
+        if len(procs) >= size and _all_idle(procs):
+            return
+        time.sleep(0.2)
     raise RuntimeError(f"warm pool of {agent.name} not ready within {timeout:.0f} s")
+
+
+def wait_pool_settled(agent: AgentProcess, timeout: float = 120.0) -> None:
+    """Until the pool has stopped refilling (the same interpreters for two seconds, at least
+    one, all done importing): whatever size it aims at after the rounds it has seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        first = {p.pid for p in warm_processes(agent)}
+        time.sleep(1.5)
+        procs = warm_processes(agent)
+        if first and {p.pid for p in procs} == first and _all_idle(procs):
+            return
+    raise RuntimeError(f"warm pool of {agent.name} not settled within {timeout:.0f} s")
 
 
 class AgentProcs:

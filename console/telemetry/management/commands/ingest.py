@@ -64,7 +64,9 @@ class Command(BaseCommand):
                         group_ready = True
                     entries = ingestor.read()
                     if entries:
-                        pipeline.submit(ingestor.prepare(entries, ingestor.replaying))
+                        prepared = ingestor.prepare(entries, ingestor.replaying)
+                        ingestor.feed_frames(prepared)
+                        pipeline.submit(prepared)
                     ingestor.maybe_flush()
                     ingestor.maybe_report_stats()
                     ingestor.maybe_trim()
