@@ -50,8 +50,10 @@ RETRY_MIN = 0.2
 RETRY_MAX = 2.0
 # With this many local viewers of a job the hub asks ingest for fewer frames of it (see
 # ingest.BUSY_FRAME_INTERVAL): each frame costs the web process one send per viewer. The flag
-# expires unless renewed, so a web process that dies does not leave it set.
-BUSY_VIEWERS = 50
+# expires unless renewed, so a web process that dies does not leave it set. 200 viewers kept up
+# with 10 frames/s on this 2-core machine (ingest.BUSY_FRAME_INTERVAL); this is the safety valve
+# beyond what was measured.
+BUSY_VIEWERS = 500
 BUSY_TTL = 5
 BUSY_RENEW = 2.0
 

@@ -8,7 +8,8 @@ for such replays only the rows the database actually inserted (RETURNING) feed t
 detectors and the live frames, so a replay neither duplicates points nor re-raises events.
 
 Live viewers get one coalesced frame per job every FRAME_INTERVAL seconds: rank 0's series,
-thinned to a budget of FRAME_BUDGET points, serialised once and PUBLISHed once to the job's
+taken as soon as a first delivery is decoded (not after its commit: see feed_frames), thinned to
+a budget of FRAME_BUDGET points, serialised once and PUBLISHed once to the job's
 Redis pub/sub channel, where each web process's FrameHub (console.telemetry.fanout) picks it up
 for all of its viewers of that job. Log tails go to the job's channel-layer group. Both are sent
 from a background event loop so that Redis never stalls the database writes.
@@ -52,10 +53,10 @@ READ_COUNT = 100
 # How long a read waits for new entries; also the longest a shutdown request waits.
 BLOCK_MS = 20
 FRAME_INTERVAL = 0.1
-# A job with many viewers in one web process gets a few frames per second instead: at 10 frames/s,
-# 200 viewers on this 2-core machine (shared with other work) fell seconds behind in the web
-# process; at 4 frames/s they kept up (bench/telemetry, fan-out phase). One viewer keeps 10/s, so
-# its latency stays low.
+# A job with very many viewers in one web process (fanout.BUSY_VIEWERS) gets 4 frames per second
+# instead of 10: each frame costs that process one send per viewer. 200 viewers at 10 frames/s
+# cost Daphne about 15 % of a core here, with the frame reaching them 41 ms (p95) after it was
+# published (bench/telemetry, fan-out phase), so the valve is set well above that.
 BUSY_FRAME_INTERVAL = 0.25
 BUSY_CHECK_EVERY = 1.0
 FRAME_POINTS = 100
