@@ -26,8 +26,10 @@ from tests.support.agents import (
     round_spec,
     start_registered,
     wait_until,
+    warm_processes,
 )
 from workers import protocol
+from workers.agent.runner import END_FILE_ENV
 from workers.protocol import RoundSpec
 
 __all__ = ["agent_procs", "control_queue"]
@@ -70,6 +72,26 @@ def main() -> None:
         sys.exit(3)
     elif mode == "exitmsg":
         sys.exit("probe exit message")
+    elif mode == "ending":
+        # What the interpreter does after the script, in its order: join non-daemon threads,
+        # run atexit handlers, flush stdout (a file here, so fully buffered).
+        import atexit, threading
+
+        done = os.path.join(out, "thread-done")
+
+        def late_writer() -> None:
+            time.sleep(0.5)
+            open(done, "w").close()
+
+        def at_exit() -> None:
+            with open(os.path.join(out, "atexit.json"), "w") as fh:
+                json.dump({"thread_done_before": os.path.exists(done)}, fh)
+
+        atexit.register(at_exit)
+        threading.Thread(target=late_writer).start()
+        print("unflushed probe line")
+    elif mode == "interrupt":
+        raise KeyboardInterrupt
 
 if __name__ == "__main__":
     main()
@@ -86,7 +108,14 @@ sys.exit(int(sys.argv[1]))
 """
 
 # Differ between the ranks of one round by design.
-PER_RANK_VARS = {"RANK", "LOCAL_RANK", "ROLE_RANK", "TORCHELASTIC_ERROR_FILE", protocol.ENV_TELEMETRY}
+PER_RANK_VARS = {
+    "RANK",
+    "LOCAL_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_ERROR_FILE",
+    protocol.ENV_TELEMETRY,
+    END_FILE_ENV,
+}
 
 
 def write_probe(root: Path) -> Path:
@@ -127,14 +156,7 @@ def probe_spec(
 
 
 def warm_pids(agent: AgentProcess) -> list[int]:
-    found = []
-    for proc in agent.descendants():
-        try:
-            if "workers.agent.warm" in proc.cmdline():
-                found.append(proc.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
+    return [proc.pid for proc in warm_processes(agent)]
 
 
 def wait_for_pool(agent: AgentProcess, size: int, timeout: float = 60.0) -> list[int]:
@@ -293,6 +315,36 @@ def test_warm_ranks_report_exits_like_cold_ones(
     assert ran["helper"] == "relative"
     assert ran["argv"] == [str(tmp_path / "code" / "probepkg" / "__main__.py"), "5", "--x"]
     assert ran["path0"] == str(tmp_path / "code")
+
+
+def test_a_warm_rank_ends_as_the_interpreter_ends_a_script(
+    agent_procs: AgentProcs, control_queue: ControlQueue, tmp_path: Path
+) -> None:
+    # Given an agent with a full pool of 2 warm interpreters
+    agent, _ = start_registered(agent_procs, control_queue, "host-warm-end")
+    warm = wait_for_pool(agent, 2)
+    write_probe(tmp_path)
+
+    # When one script returns leaving a non-daemon thread, an atexit handler and unflushed
+    # stdout behind, and another dies of an uncaught KeyboardInterrupt
+    for job_id, mode in ((91, "ending"), (92, "interrupt")):
+        control_queue.send(
+            agent.name,
+            protocol.AGENT_START_ROUND,
+            spec=probe_spec(tmp_path, job_id, nproc=1, entrypoint="probe.py", args=[mode]),
+        )
+    ended, interrupted = exit_of(control_queue, 91, 0), exit_of(control_queue, 92, 0)
+
+    # Then both ran warm; the first exited 0 after its thread finished and its atexit handler ran,
+    # with its last line in its log; the second ended by SIGINT after printing its traceback,
+    # as `python probe.py` does
+    assert {ended["pid"], interrupted["pid"]} == set(warm)
+    assert ended["exit_code"] == 0 and ended["signal"] is None
+    assert read_json(tmp_path / "out" / "atexit.json") == {"thread_done_before": True}
+    stdout = tmp_path / "agents" / agent.name / "rounds" / "job-91" / "round-1" / "rank-0" / "stdout.log"
+    assert "unflushed probe line" in stdout.read_text()
+    assert interrupted["signal"] == "SIGINT" and interrupted["exit_code"] is None
+    assert "KeyboardInterrupt" in interrupted["error"]
 
 
 def test_sigkill_of_the_agent_leaves_no_warm_process(

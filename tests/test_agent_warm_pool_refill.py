@@ -65,6 +65,17 @@ def paused_pid(agent: AgentProcess) -> int | None:
     return None
 
 
+def start_paused(agent_procs: AgentProcs, control_queue: ControlQueue, name: str) -> tuple[AgentProcess, int]:
+    """An agent that wants one warm interpreter, started while every core is busy, and the pid
+    of that interpreter once its import is paused."""
+    agent_procs.warm_pool = 1
+    agent, _ = start_registered(agent_procs, control_queue, name)
+    assert wait_until(lambda: paused_pid(agent) is not None, 30), agent.log()[-3000:]
+    pid = paused_pid(agent)
+    assert pid is not None
+    return agent, pid
+
+
 def started_ranks(agent: AgentProcess, job_id: int, round_: int) -> tuple[list[int], list[str]]:
     """The pids and start kinds the agent logged for a round ("started ranks [...] (pids [...],
     ['warm', 'cold'])")."""
@@ -118,13 +129,8 @@ def test_an_import_waits_while_every_core_is_busy(
     busy_cores: list[subprocess.Popen[bytes]],
 ) -> None:
     # Given every core busy, and an agent that wants one warm interpreter
-    agent_procs.warm_pool = 1
-    agent, _ = start_registered(agent_procs, control_queue, "host-busy")
-
     # Then its import is paused: stopped, and still stopped a few seconds later
-    assert wait_until(lambda: paused_pid(agent) is not None, 30), agent.log()[-3000:]
-    pid = paused_pid(agent)
-    assert pid is not None
+    agent, pid = start_paused(agent_procs, control_queue, "host-busy")
     before = sum(psutil.Process(pid).cpu_times()[:2])
     assert not wait_until(lambda: paused_pid(agent) != pid, 3)
     assert sum(psutil.Process(pid).cpu_times()[:2]) == before
@@ -150,11 +156,7 @@ def test_a_paused_import_dies_with_a_sigkilled_agent(
     agent_procs: AgentProcs, control_queue: ControlQueue, busy_cores: list[subprocess.Popen[bytes]]
 ) -> None:
     # Given an agent whose warm interpreter is paused (every core busy)
-    agent_procs.warm_pool = 1
-    agent, _ = start_registered(agent_procs, control_queue, "host-busy-kill")
-    assert wait_until(lambda: paused_pid(agent) is not None, 30), agent.log()[-3000:]
-    pid = paused_pid(agent)
-    assert pid is not None
+    agent, pid = start_paused(agent_procs, control_queue, "host-busy-kill")
     created = psutil.Process(pid).create_time()
 
     # When the agent is SIGKILLed

@@ -46,3 +46,22 @@ def test_failures_beyond_max_restarts_fail_the_job_with_the_root_cause(cluster: 
     assert job.failure["rank"] == 0 and job.failure["node"] == "node-a" and job.failure["exit_code"] == 1
     assert "injected failure at step 4 on rank 0" in job.failure["error"]
     assert job.restarts == 0 and job.round_number == 1
+
+
+def test_a_rank_that_dies_in_interpreter_teardown_after_its_last_step_does_not_fail_the_job(
+    cluster: Cluster,
+) -> None:
+    # Given a 1-node job allowed no restart, whose rank SIGABRTs itself in the interpreter's
+    # teardown after its script ended (what torch 2.13's gloo does now and then)
+    cluster.start_agents("node-a")
+    job = cluster.submit_ddp(nnodes="1", steps=20, max_restarts=0, extra_args=["--abort-in-teardown"])
+
+    # Then the job succeeds in its first round, and operators are told what the teardown did
+    job = cluster.wait_state(job, JobState.SUCCEEDED, JobState.FAILED, timeout=90)
+    assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
+    assert job.restarts == 0 and job.round_number == 1
+    event = job.events.get(kind="rank.teardown")
+    assert event.data == {"rank": 0, "exit_code": 0, "teardown": "SIGABRT"}
+    assert event.severity == "warning"
+    (exit_,) = job.rounds.get(number=1).allocations.get().exit_info["exits"]
+    assert (exit_["exit_code"], exit_["signal"], exit_["teardown"]) == (0, None, "SIGABRT")

@@ -14,7 +14,7 @@ Transport:
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 CONTROL_QUEUE = "control"
 TELEMETRY_STREAM = "trainyard:telemetry"
@@ -142,6 +142,10 @@ class RankExit(TypedDict):
     signal: str | None  # e.g. "SIGKILL"
     error: str  # error file message, or the last stderr lines
     at: float  # unix time the exit was noticed
+    # Set when the rank's Python code had ended (exit_code is the status it ended with) and the
+    # process then died by this signal, or hung and was killed ("hung"), in the interpreter's
+    # teardown (workers/agent/runner.py says why torch 2.13 gloo ranks can).
+    teardown: NotRequired[str]
 
 
 # --- telemetry -----------------------------------------------------------------------------

@@ -629,8 +629,27 @@ def rank_exited(node_name: str, job_id: int, number: int, exit: protocol.RankExi
         exits.append(dict(exit))
         alloc.exit_info = {**alloc.exit_info, "exits": exits}
         alloc.save(update_fields=["exit_info"])
+        if exit.get("teardown"):
+            _teardown_event(job, alloc, exit)
         if _failed(exit):
             _handle_failure(job, alloc, exit, now)
+
+
+def _teardown_event(job: Job, alloc: Allocation, exit: protocol.RankExit) -> None:
+    """The rank's code had ended when its interpreter's teardown crashed or hung (a torch gloo
+    bug, workers/agent/runner.py): the code's exit code stands, and operators are told."""
+    what = "hung and was killed" if exit["teardown"] == "hung" else f"died by {exit['teardown']}"
+    events.emit(
+        "rank.teardown",
+        f"Rank {exit['rank']} on {alloc.node.name} ended with exit code {exit['exit_code']}, "
+        f"then its interpreter {what} while tearing down; the exit code stands",
+        job=job,
+        node=alloc.node,
+        severity=Severity.WARNING,
+        rank=exit["rank"],
+        exit_code=exit["exit_code"],
+        teardown=exit["teardown"],
+    )
 
 
 def _failed(exit: protocol.RankExit) -> bool:

@@ -560,9 +560,13 @@ class Ingestor:
             self.redis.xtrim(self.stream, minid=f"{ms}-{seq}", approximate=False)
 
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        return self.commit(self.take(entries))
+
+    def take(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> Prepared:
+        """Decodes entries just read (prepare) and hands their live points to the frames."""
         prepared = self.prepare(entries, self.replaying)
         self.feed_frames(prepared)
-        return self.commit(prepared)
+        return prepared
 
     def feed_frames(self, prepared: Prepared) -> None:
         """Live points go to the frames as soon as they are decoded, before the database write:

@@ -10,7 +10,9 @@ checkpoints atomically on rank 0, and logs one JSON line per step (rank 0) to ``
 SIGTERM makes every rank stop between steps (agreed through a one-element all-reduce, so no
 rank is left waiting in a collective), rank 0 saves a checkpoint and all exit 0.
 ``--fail-at-step X --fail-rank R`` makes rank R raise at step X on the first attempt only
-(TORCHELASTIC_RESTART_COUNT == "0").
+(TORCHELASTIC_RESTART_COUNT == "0"). ``--abort-in-teardown`` makes every rank SIGABRT itself in
+the interpreter's teardown, after main has returned: what torch 2.13's gloo does now and then
+(workers/agent/runner.py), made certain.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -54,7 +57,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress", default="")
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=0)
+    parser.add_argument("--abort-in-teardown", action="store_true")
     return parser.parse_args(argv)
+
+
+class AbortInTeardown:
+    """Kept in sys.modules, it is dropped when the interpreter clears the modules, after the
+    atexit handlers; no core file is written."""
+
+    def __init__(self) -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def __del__(self, kill: Any = os.kill, pid: int = os.getpid(), abort: int = signal.SIGABRT) -> None:
+        kill(pid, abort)
 
 
 def checkpoint_dir(args: argparse.Namespace) -> Path | None:
@@ -101,6 +116,8 @@ class Progress:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _request_stop)
+    if args.abort_in_teardown:
+        sys.modules["_abort_in_teardown"] = AbortInTeardown()  # type: ignore[assignment]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     dist.init_process_group("gloo")

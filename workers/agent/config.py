@@ -11,6 +11,10 @@ from workers.agent.warmpool import DEFAULT_WARM_POOL
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_HEARTBEAT_SECONDS = 2.0
+# How long a rank's process may take to exit once its Python code has ended (runner.py records
+# that moment after the code's threads and atexit handlers are done; what is left is the
+# interpreter's teardown, under a second with torch). Past it, the process is killed.
+DEFAULT_TEARDOWN_TIMEOUT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class AgentConfig:
     data_dir: Path
     checkpoint_root: Path
     warm_pool: int = DEFAULT_WARM_POOL  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
+    teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT_SECONDS
 
     @property
     def rounds_dir(self) -> Path:
@@ -64,6 +69,13 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         help="interpreters kept ready with torch imported for fast rank starts (~300 MB each; the pool "
         "keeps up to twice the last round's local ranks); 0 disables",
     )
+    parser.add_argument(
+        "--teardown-timeout",
+        type=float,
+        default=DEFAULT_TEARDOWN_TIMEOUT_SECONDS,
+        help="seconds a rank may spend exiting after its Python code ended before it is killed "
+        "(its exit code stands)",
+    )
     ns = parser.parse_args(argv)
     broker = ns.broker or os.environ.get("TRAINYARD_BROKER_URL") or os.environ.get("REDIS_URL") or ""
     data_dir = Path(
@@ -82,4 +94,5 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         data_dir=data_dir,
         checkpoint_root=checkpoint_root,
         warm_pool=max(0, ns.warm_pool),
+        teardown_timeout=max(0.0, ns.teardown_timeout),
     )

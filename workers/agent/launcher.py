@@ -23,14 +23,16 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from workers import protocol
+from workers.agent import runner
 from workers.agent.config import AgentConfig
-from workers.agent.warmpool import WarmPool, must_start_cold, send_request, warm_request
+from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
 
 logger = logging.getLogger(__name__)
 
 DOWNLOAD_CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_SECONDS = 60.0
+RUNNER_PATH = os.path.realpath(runner.__file__)
 
 
 class LaunchError(Exception):
@@ -44,6 +46,7 @@ class RankFiles:
     stderr: Path
     error_file: Path
     telemetry: Path
+    end_file: Path  # how the rank's Python code ended, before its interpreter's teardown (runner.py)
 
     @classmethod
     def for_rank(cls, config: AgentConfig, spec: RoundSpec, local_rank: int) -> RankFiles:
@@ -56,12 +59,14 @@ class RankFiles:
             stderr=directory / "stderr.log",
             error_file=directory / "error.json",
             telemetry=directory / "telemetry.jsonl",
+            end_file=directory / "ended.json",
         )
 
     def prepare(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        # A redelivered start of the same round must not read the previous attempt's error.
+        # A redelivered start of the same round must not read the previous attempt's files.
         self.error_file.unlink(missing_ok=True)
+        self.end_file.unlink(missing_ok=True)
 
 
 def global_rank(spec: RoundSpec, local_rank: int) -> int:
@@ -90,6 +95,7 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             # Rank 0 hosts the store itself (env:// init), as with a static torchrun rendezvous.
             "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TORCHELASTIC_ERROR_FILE": str(files.error_file),
+            runner.END_FILE_ENV: str(files.end_file),
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": spec["env"].get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             "OMP_NUM_THREADS": spec["env"].get("OMP_NUM_THREADS", "1"),
             "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in spec["gpu_indices"]),
@@ -130,6 +136,19 @@ def rank_command(spec: RoundSpec, bundle_dir: Path | None) -> Command:
     return Command(entrypoint, args, cwd)
 
 
+def cold_command(args: tuple[str, ...]) -> tuple[str, ...]:
+    """The command line that starts a rank in a fresh process: a Python script or module runs
+    under workers.agent.runner (as a warm rank's does), which records how the code ended, so a
+    crash in the interpreter's teardown is told from a failure of the code. Anything else (a
+    binary, interpreter options) runs as given. The runner goes by its path, not ``-m``: a
+    ``workers`` package in the job's directory or PYTHONPATH cannot shadow it."""
+    python = parse_python_command(args[0], tuple(args[1:]))
+    if python is None:
+        return args
+    mode, target, rest = python
+    return (sys.executable, RUNNER_PATH, mode, target, *rest)
+
+
 class RankHandler(SubprocessHandler):
     """torch's SubprocessHandler (new session per rank, per-rank stdout/stderr files, close() =
     killpg) plus a working directory, which it does not support."""
@@ -148,7 +167,7 @@ class RankHandler(SubprocessHandler):
 
     def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:  # type: ignore[type-arg]
         return subprocess.Popen(
-            args=args,
+            args=cold_command(args),
             env=env,
             stdout=self._stdout,
             stderr=self._stderr,

@@ -91,6 +91,7 @@ class Rank:
     files: RankFiles
     handler: RankHandler
     state: RankState = "running"
+    killed_in_teardown: bool = False
 
     @property
     def pid(self) -> int:
@@ -170,6 +171,24 @@ def error_message(rank: Rank, returncode: int) -> str:
         except Exception:
             logger.warning("unreadable error file %s", rank.files.error_file)
     return stderr_tail(rank.files.stderr)
+
+
+def code_ending(files: RankFiles) -> int | None:
+    """The exit status the rank's Python code ended with, as runner.py recorded it before the
+    interpreter's teardown; None when it recorded nothing (the code has not ended, was not run
+    by the runner, or ended by a signal)."""
+    try:
+        status = json.loads(files.end_file.read_text())["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return status if isinstance(status, int) else None
+
+
+def seconds_since_code_ended(files: RankFiles) -> float | None:
+    try:
+        return time.time() - files.end_file.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _killpg(pgid: int, signum: signal.Signals) -> None:
@@ -440,6 +459,8 @@ class Supervisor(threading.Thread):
                     returncode = rank.handler.proc.poll()
                     if returncode is not None:
                         self._rank_ended(local, rank, returncode)
+                    elif not local.stop_reason and not rank.killed_in_teardown:
+                        self._check_teardown(local, rank)
             if local.stop_reason and not local.killed and now >= local.stop_deadline:
                 local.killed = True
                 for rank in local.ranks:
@@ -453,6 +474,22 @@ class Supervisor(threading.Thread):
             ):
                 self._round_ended(slot, local)
 
+    def _check_teardown(self, local: LocalRound, rank: Rank) -> None:
+        """Kills a rank whose code ended --teardown-timeout seconds ago but whose interpreter is
+        still tearing down (a gloo DDP rank can deadlock there: runner.py)."""
+        since = seconds_since_code_ended(rank.files)
+        if since is None or since < self._config.teardown_timeout:
+            return
+        logger.warning(
+            "job %s round %s: rank %s ended its code %.0f s ago but its interpreter has not exited: SIGKILL",
+            local.job_id,
+            local.number,
+            rank.rank,
+            since,
+        )
+        rank.killed_in_teardown = True
+        _killpg(rank.pid, signal.SIGKILL)
+
     def _rank_ended(self, local: LocalRound, rank: Rank, returncode: int) -> None:
         # Whatever the rank left behind in its group (DataLoader workers, shells) goes with it.
         _killpg(rank.pid, signal.SIGKILL)
@@ -462,6 +499,20 @@ class Supervisor(threading.Thread):
         if local.stop_reason:
             rank.state = "stopped"
             return
+        teardown = ""
+        ended_with = code_ending(rank.files) if returncode < 0 else None
+        if ended_with is not None:
+            # The code had ended: its status is the rank's; the signal only ended the teardown.
+            teardown = "hung" if rank.killed_in_teardown else (signal_name(returncode) or "")
+            logger.warning(
+                "job %s round %s: rank %s ended its code with status %s, then %s in the interpreter's teardown",
+                local.job_id,
+                local.number,
+                rank.rank,
+                ended_with,
+                "hung" if rank.killed_in_teardown else f"died by {teardown}",
+            )
+            returncode = ended_with
         rank.state = "succeeded" if returncode == 0 else "failed"
         exit_ = RankExit(
             local_rank=rank.local_rank,
@@ -472,6 +523,8 @@ class Supervisor(threading.Thread):
             error=error_message(rank, returncode) if returncode != 0 else "",
             at=time.time(),
         )
+        if teardown:
+            exit_["teardown"] = teardown
         logger.info(
             "job %s round %s: rank %s exited (%s)",
             local.job_id,

@@ -12,14 +12,17 @@ would have been, started with ``env`` in ``cwd`` with stdout/stderr on those fil
 becomes /dev/null, the files are dup2()ed onto fds 1 and 2, os.environ is replaced by ``env``
 exactly, the working directory, sys.argv and sys.path[0] are set as the interpreter sets them,
 OMP_NUM_THREADS is applied through torch.set_num_threads (OpenMP read the variable when torch
-was imported), and the entrypoint runs through runpy as ``__main__``. Exceptions and SystemExit
-are not caught here: they reach the interpreter, which prints the traceback / exits with the
+was imported), and the entrypoint runs as ``__main__`` through runner.run, as a cold rank's does.
+Exceptions and SystemExit reach the interpreter, which prints the traceback / exits with the
 code exactly as for a cold ``python train.py``. torch's ``@record`` reads
 TORCHELASTIC_ERROR_FILE from os.environ when the exception happens, so it finds the rank's file.
 
 Until the launch it imports at the lowest CPU priority when it can restore its priority
-afterwards (lower_priority). On EOF (the agent closed the pipe, or died) it exits without running anything. Nothing here
-initialises CUDA: CUDA_VISIBLE_DEVICES is read when the rank first touches CUDA.
+afterwards (lower_priority), and the pool may pause it (SIGSTOP) while the host's cores are busy.
+When the imports are done it freezes its heap out of the garbage collector's way (freeze_heap)
+and writes one byte on stdout, a pipe the pool reads to know it is ready. On EOF (the agent
+closed the pipe, or died) it exits without running anything. Nothing here initialises CUDA:
+CUDA_VISIBLE_DEVICES is read when the rank first touches CUDA.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import importlib
 import json
 import os
 import resource
-import runpy
 import signal
 import sys
 import time
 from typing import Any
+
+from workers.agent import runner
 
 IMPORT_NICENESS = 19
 LAUNCH_SIGNAL = signal.SIGWINCH
@@ -72,12 +76,14 @@ def restore_on_launch_signal(original: int | None) -> None:
 def preload() -> None:
     """The imports that dominate a rank's start-up; their cost is paid before the launch.
 
-    Deliberately not more: importing torch._dynamo (which a script's first optimizer does, about
-    a second here) or torch.distributed.fsdp before init_process_group makes a gloo DDP rank
-    deadlock at exit in torch 2.13 in about one run in six (measured here: the Reducer's
-    destructor joins gloo's worker thread while holding the GIL, and that thread needs the GIL
-    to free its last work). A script that imports them itself at the top is exposed to that
-    torch bug under torchrun too; the pool must not expose every script to it."""
+    Not torch._dynamo, although DistributedDataParallel's constructor imports it (about 1.1 s of
+    a warm rank's 1.2 s from launch to first step here): imported before init_process_group it
+    made a gloo DDP rank hang at exit (1 of 25 warm rounds here; py-spy: DDP's Reducer
+    destructor, holding the GIL, joins gloo's worker thread, which waits for the GIL to drop a
+    Python object in its work's thread-local state). torch.distributed.fsdp likewise stays out.
+    Preloading just sympy (0.35 s of that import, pure Python) started ranks 0.35 s sooner but
+    made every refill that much more CPU taken from the training ranks (bench/launch_overhead,
+    one run each: steps/s 0.93 of torchrun's with it, 1.01 without)."""
     import torch
     import torch.distributed
     import torch.distributed.elastic.multiprocessing.errors
@@ -113,19 +119,6 @@ def redirect(fd: int, path: str) -> None:
         os.close(opened)
 
 
-def retitle(argv: list[str]) -> None:
-    """Shows the rank's command line in ps and /proc/<pid>/cmdline, as a cold rank's would be
-    (operators and tools find ranks by their script). The pool starts this interpreter with a
-    blank padding argument, so the title fits in argv's own memory and SPT_NOENV keeps
-    setproctitle off the environment block, where the reaper looks for the session marker."""
-    os.environ["SPT_NOENV"] = "1"
-    try:
-        import setproctitle
-    except ImportError:
-        return
-    setproctitle.setproctitle(" ".join(argv))
-
-
 def become_rank(request: dict[str, Any], priority: int | None = None) -> None:
     restore_priority(priority)
     signal.signal(LAUNCH_SIGNAL, signal.SIG_DFL)
@@ -140,8 +133,8 @@ def become_rank(request: dict[str, Any], priority: int | None = None) -> None:
         os.chdir(request["cwd"])
     target = str(request["target"])
     args = [str(arg) for arg in request["args"]]
-    script = request["mode"] == "script"
-    retitle([sys.executable, target, *args] if script else [sys.executable, "-m", target, *args])
+    mode = "script" if request["mode"] == "script" else "module"
+    runner.retitle(mode, target, args)
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -152,16 +145,7 @@ def become_rank(request: dict[str, Any], priority: int | None = None) -> None:
     # Directories that appeared after this interpreter started (a freshly extracted bundle)
     # must not be hidden by a stale import-system listing.
     importlib.invalidate_caches()
-    if script:
-        sys.argv = [target, *args]
-        # As `python script.py`: the script's own directory (symlinks resolved) comes first.
-        sys.path[0] = os.path.dirname(os.path.realpath(target))
-        runpy.run_path(target, run_name="__main__")
-    else:
-        sys.argv = ["-m", *args]
-        # As `python -m module`: the working directory comes first; run_module sets argv[0].
-        sys.path[0] = os.getcwd()
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    runner.run(mode, target, args)
 
 
 def main() -> None:

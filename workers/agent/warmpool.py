@@ -1,6 +1,6 @@
 """The warm pool: interpreters (``python -m workers.agent.warm``) started ahead of time with
-torch already imported and its lazy imports done, so a new rank skips interpreter start and the
-imports (seconds on a busy host) and goes straight to init_process_group.
+torch already imported, so a new rank skips interpreter start and the torch import (seconds on a
+busy host) and goes straight to its script (warm.preload says what is not preloaded, and why).
 
 Size: up to twice the local ranks of the last round started here (at most ``--warm-pool``,
 default DEFAULT_WARM_POOL; every slot before the first round): one round's worth for the next
@@ -98,21 +98,29 @@ def must_start_cold(env: dict[str, str], start_env: dict[str, str]) -> list[str]
     )
 
 
-def warm_request(
-    entrypoint: str, args: tuple[str, ...], cwd: Path | None, env: dict[str, str], stdout: Path, stderr: Path
-) -> dict[str, Any] | None:
-    """The launch line for a warm process, or None when the command is not a plain Python
-    script or module run by this interpreter."""
+def parse_python_command(entrypoint: str, args: tuple[str, ...]) -> tuple[str, str, tuple[str, ...]] | None:
+    """("script", path, args) for ``sys.executable path args``, ("module", name, args) for
+    ``sys.executable -m name args``; None for anything else."""
     if entrypoint != sys.executable or not args:
         return None
     if args[0] == "-m":
         if len(args) < 2:
             return None
-        mode, target, rest = "module", args[1], args[2:]
-    elif args[0].startswith("-"):
-        return None  # interpreter options (-u, -X, -c ...) only a fresh interpreter can honour
-    else:
-        mode, target, rest = "script", args[0], args[1:]
+        return "module", args[1], args[2:]
+    if args[0].startswith("-"):
+        return None  # interpreter options (-u, -X, -c ...): run as given
+    return "script", args[0], args[1:]
+
+
+def warm_request(
+    entrypoint: str, args: tuple[str, ...], cwd: Path | None, env: dict[str, str], stdout: Path, stderr: Path
+) -> dict[str, Any] | None:
+    """The launch line for a warm process, or None when the command is not a plain Python
+    script or module run by this interpreter."""
+    python = parse_python_command(entrypoint, args)
+    if python is None:
+        return None
+    mode, target, rest = python
     return {
         "mode": mode,
         "target": target,
@@ -213,6 +221,14 @@ class WarmProcess:
         return self.proc.pid
 
 
+def close_pipes(warm: WarmProcess) -> None:
+    """Closes our ends of its stdin (EOF: an idle warm process exits) and its ready pipe."""
+    for pipe in (warm.proc.stdin, warm.proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
 class WarmPool:
     def __init__(self, size: int, session_env: dict[str, str], watcher: Watcher, log_path: Path) -> None:
         self.size = max(0, size)
@@ -285,10 +301,7 @@ class WarmPool:
         for warm in idle:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(warm.pid, signal.SIGCONT)  # a paused process could not see the EOF
-            for pipe in (warm.proc.stdin, warm.proc.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
+            close_pipes(warm)
         deadline = time.monotonic() + CLOSE_WAIT_SECONDS
         for warm in idle:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -374,8 +387,5 @@ class WarmPool:
         )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(warm.pid, signal.SIGKILL)
-        for pipe in (warm.proc.stdin, warm.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        close_pipes(warm)
         self._watcher.forget(warm.pid)

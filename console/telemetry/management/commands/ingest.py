@@ -64,9 +64,7 @@ class Command(BaseCommand):
                         group_ready = True
                     entries = ingestor.read()
                     if entries:
-                        prepared = ingestor.prepare(entries, ingestor.replaying)
-                        ingestor.feed_frames(prepared)
-                        pipeline.submit(prepared)
+                        pipeline.submit(ingestor.take(entries))
                     ingestor.maybe_flush()
                     ingestor.maybe_report_stats()
                     ingestor.maybe_trim()
