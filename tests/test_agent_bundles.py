@@ -47,11 +47,23 @@ class BundleServer:
     def __init__(self, payload: bytes) -> None:
         self.payload = payload
         self.requests: list[str] = []  # the Authorization header of each request
+        self.answers: list[int] = []  # statuses for the next requests (then 200); 0 = cut the body short
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.requests.append(self.headers.get("Authorization", ""))
+                status = server.answers.pop(0) if server.answers else 200
+                if status == 0:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(server.payload)))
+                    self.end_headers()
+                    self.wfile.write(server.payload[: len(server.payload) // 2])
+                    self.close_connection = True
+                    return
+                if status != 200:
+                    self.send_error(status)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(server.payload)))
                 self.end_headers()
@@ -128,3 +140,33 @@ def test_rounds_run_from_a_verified_cached_bundle(
     assert "sha256 mismatch" in ended.kwargs["failures"][0]["error"]
     assert not (tmp_path / "bundle-run-93-0").exists()
     assert not (agent.data_dir / "bundles" / ("0" * 64)).exists()
+
+
+def test_a_download_that_fails_for_a_moment_is_tried_again_and_a_refusal_is_final(
+    agent_procs: AgentProcs, control_queue: ControlQueue, bundle_server: BundleServer, tmp_path: Path
+) -> None:
+    agent, _ = start_registered(agent_procs, control_queue, "host-b-retry")
+    sha256 = hashlib.sha256(bundle_server.payload).hexdigest()
+
+    # When the console answers 503, then cuts the body short, then serves the bundle
+    bundle_server.answers = [503, 0]
+    control_queue.send(
+        agent.name, protocol.AGENT_START_ROUND, spec=bundle_round(94, bundle_server.url, sha256, tmp_path)
+    )
+
+    # Then the third attempt runs the round
+    ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 60, node=agent.name, job_id=94)
+    assert ended.kwargs["outcome"] == "succeeded", ended.kwargs
+    assert len(bundle_server.requests) == 3
+    assert (tmp_path / "bundle-run-94-0").exists()
+
+    # When another bundle's URL is refused (403)
+    bundle_server.answers = [403]
+    other = bundle_round(95, bundle_server.url + "?other", "1" * 64, tmp_path)
+    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=other)
+
+    # Then the round fails at once, after one request, saying why
+    ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 30, node=agent.name, job_id=95)
+    assert ended.kwargs["outcome"] == "failed"
+    assert "403" in ended.kwargs["failures"][0]["error"]
+    assert len(bundle_server.requests) == 4

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,10 @@ from workers.protocol import RoundSpec
 logger = logging.getLogger(__name__)
 
 DOWNLOAD_CHUNK_BYTES = 1 << 20
-DOWNLOAD_TIMEOUT_SECONDS = 60.0
+DOWNLOAD_TIMEOUT_SECONDS = 60.0  # between bytes
+DOWNLOAD_CONNECT_TIMEOUT_SECONDS = 10.0
+DOWNLOAD_ATTEMPTS = 4
+DOWNLOAD_BACKOFF_SECONDS = 1.0
 RUNNER_PATH = os.path.realpath(runner.__file__)
 
 
@@ -242,8 +246,16 @@ def start_rank(
         return RankHandler(command, env, files, local_rank), "cold"
 
 
+class TransientDownloadError(Exception):
+    """A download that may work if tried again: the connection failed or broke, or the console
+    answered 5xx or 429."""
+
+
 def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
-    """Downloads, verifies and extracts the round's code bundle, cached by sha256."""
+    """Downloads, verifies and extracts the round's code bundle, cached by sha256. A transient
+    failure is tried again (DOWNLOAD_ATTEMPTS in all, backing off from DOWNLOAD_BACKOFF_SECONDS),
+    so a console restarting under the agent does not fail the round; a 4xx answer or a digest
+    that does not match is final."""
     bundle = spec["bundle"]
     if not bundle:
         return None
@@ -251,30 +263,25 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
     dest = config.bundles_dir / sha256
     if dest.is_dir():
         return dest
-    import requests
-
     from workers.bundles import extract_bundle
 
     config.bundles_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=config.bundles_dir, prefix=".fetch-") as tmp:
         archive = Path(tmp) / "bundle"
-        digest = hashlib.sha256()
-        try:
-            with requests.get(
-                bundle["url"],
-                headers={"Authorization": f"Bearer {config.token}"},
-                stream=True,
-                timeout=DOWNLOAD_TIMEOUT_SECONDS,
-            ) as response:
-                response.raise_for_status()
-                with archive.open("wb") as fh:
-                    for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
-                        digest.update(chunk)
-                        fh.write(chunk)
-        except requests.RequestException as exc:
-            raise LaunchError(f"bundle download failed: {exc}") from exc
-        if digest.hexdigest() != sha256:
-            raise LaunchError(f"bundle sha256 mismatch: expected {sha256}, got {digest.hexdigest()}")
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                digest = download(bundle["url"], config.token, archive)
+                break
+            except TransientDownloadError as exc:
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise LaunchError(f"bundle download failed after {attempt} attempts: {exc}") from exc
+                delay = DOWNLOAD_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                logger.warning(
+                    "bundle download failed (attempt %s), again in %.1f s: %s", attempt, delay, exc
+                )
+                time.sleep(delay)
+        if digest != sha256:
+            raise LaunchError(f"bundle sha256 mismatch: expected {sha256}, got {digest}")
         try:
             # extract_bundle stages and renames into place itself, so agents sharing a cache
             # directory never see a half-extracted bundle.
@@ -283,3 +290,31 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
             if not dest.is_dir():
                 raise LaunchError(f"bundle extraction failed: {exc}") from exc
     return dest
+
+
+def download(url: str, token: str, archive: Path) -> str:
+    """Streams ``url`` into ``archive`` with the node token; returns the sha256 of what came."""
+    import requests
+
+    digest = hashlib.sha256()
+    try:
+        with requests.get(
+            url,
+            headers={"Authorization": f"Bearer {token}"},
+            stream=True,
+            timeout=(DOWNLOAD_CONNECT_TIMEOUT_SECONDS, DOWNLOAD_TIMEOUT_SECONDS),
+        ) as response:
+            if response.status_code >= 500 or response.status_code == 429:
+                raise TransientDownloadError(f"HTTP {response.status_code} from {url}")
+            try:
+                response.raise_for_status()
+            except requests.HTTPError as exc:
+                raise LaunchError(f"bundle download failed: {exc}") from exc
+            with archive.open("wb") as fh:
+                for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
+                    digest.update(chunk)
+                    fh.write(chunk)
+    except requests.RequestException as exc:
+        # Connection refused or reset, a timeout, a body cut short: all worth another try.
+        raise TransientDownloadError(str(exc)) from exc
+    return digest.hexdigest()
