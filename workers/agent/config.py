@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.agent.retention import DEFAULT_KEEP_ROUNDS_DAYS
 from workers.agent.warmpool import DEFAULT_WARM_POOL
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -29,6 +30,7 @@ class AgentConfig:
     checkpoint_root: Path
     warm_pool: int = DEFAULT_WARM_POOL  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT_SECONDS
+    keep_rounds_days: float = DEFAULT_KEEP_ROUNDS_DAYS  # past rounds' files (retention.py); 0 = forever
 
     @property
     def rounds_dir(self) -> Path:
@@ -76,6 +78,12 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         help="seconds a rank may spend exiting after its Python code ended before it is killed "
         "(its exit code stands)",
     )
+    parser.add_argument(
+        "--keep-rounds-days",
+        type=float,
+        default=DEFAULT_KEEP_ROUNDS_DAYS,
+        help="days a past round's local files (logs, telemetry) are kept once unchanged; 0 keeps them",
+    )
     ns = parser.parse_args(argv)
     broker = ns.broker or os.environ.get("TRAINYARD_BROKER_URL") or os.environ.get("REDIS_URL") or ""
     data_dir = Path(
@@ -95,4 +103,5 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         checkpoint_root=checkpoint_root,
         warm_pool=max(0, ns.warm_pool),
         teardown_timeout=max(0.0, ns.teardown_timeout),
+        keep_rounds_days=max(0.0, ns.keep_rounds_days),
     )

@@ -67,7 +67,11 @@ class RankFiles:
         )
 
     def prepare(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError:
+            # The job's empty directory was pruned (retention.py) while this one was being made.
+            self.directory.mkdir(parents=True, exist_ok=True)
         # A redelivered start of the same round must not read the previous attempt's files.
         self.error_file.unlink(missing_ok=True)
         self.end_file.unlink(missing_ok=True)

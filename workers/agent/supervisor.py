@@ -44,6 +44,7 @@ from workers.agent.launcher import (
     start_rank,
 )
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
+from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
 from workers.protocol import RankExit, RankStatus, RoundSpec, RoundStatus
@@ -54,6 +55,7 @@ SUPERVISE_INTERVAL_SECONDS = 0.1
 DEFAULT_GRACE_PERIOD_SECONDS = 30.0
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_BYTES = 16_384
+PRUNE_INTERVAL_SECONDS = 3600.0
 
 RankState = Literal["running", "succeeded", "failed", "stopped"]
 RoundState = Literal["starting", "running", "stopping", "succeeded", "failed", "stopped"]
@@ -220,6 +222,8 @@ class Supervisor(threading.Thread):
         self._shutting_down = False
         self._fencing_file = config.data_dir / "fencing.json"
         self._load_fencing()
+        self._pruning: Future[list[Path]] | None = None
+        self._next_prune = 0.0  # monotonic
 
     # --- API for tasks and the agent ---------------------------------------------------------
     def submit(self, command: Command) -> None:
@@ -283,6 +287,8 @@ class Supervisor(threading.Thread):
                     pass
                 try:
                     self._supervise()
+                    if time.monotonic() >= self._next_prune:
+                        self._prune()
                 except Exception:
                     logger.exception("supervision tick failed")
                 if self._shutting_down and all(slot.active is None for slot in self._jobs.values()):
@@ -561,6 +567,25 @@ class Supervisor(threading.Thread):
         if slot.pending is not None and not self._shutting_down:
             spec, slot.pending = slot.pending, None
             self._launch(slot, spec)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Removes old rounds' files (retention.py) on the preparer's threads, one pass at a time:
+        at the first tick, when a round ends, and at least every PRUNE_INTERVAL_SECONDS."""
+        if self._config.keep_rounds_days <= 0 or (self._pruning is not None and not self._pruning.done()):
+            return
+        self._next_prune = time.monotonic() + PRUNE_INTERVAL_SECONDS
+        held = [
+            (job_id, number)
+            for job_id, slot in self._jobs.items()
+            for number in (
+                *(local.number for local in (slot.active, slot.last_ended) if local is not None),
+                *([slot.pending["round"]] if slot.pending is not None else []),
+            )
+        ]
+        self._pruning = self._preparer.submit(
+            prune_rounds, self._config.rounds_dir, self._config.keep_rounds_days, held
+        )
 
     # --- fencing memory ----------------------------------------------------------------------
     def _load_fencing(self) -> None:
