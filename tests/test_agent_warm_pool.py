@@ -30,6 +30,7 @@ from tests.support.agents import (
 )
 from workers import protocol
 from workers.agent.runner import END_FILE_ENV
+from workers.agent.warm import AUTOGROUP_PATH, IMPORT_NICENESS
 from workers.protocol import RoundSpec
 
 __all__ = ["agent_procs", "control_queue"]
@@ -38,6 +39,13 @@ PROBE = """
 import json, os, sys, time
 import helper  # a sibling module of the script, found through sys.path[0]
 import torch
+
+def autogroup_nice():
+    try:
+        with open("/proc/self/autogroup") as fh:
+            return fh.read().split()[-1]
+    except OSError:
+        return None
 
 def main() -> None:
     out = os.environ["PROBE_OUT"]
@@ -51,6 +59,8 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "cuda_initialized": torch.cuda.is_initialized(),
         "stdin_empty": sys.stdin.read() == "",
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "autogroup_nice": autogroup_nice(),
     }
     with open(os.path.join(out, "rank-%s.json" % os.environ["RANK"]), "w") as fh:
         json.dump(record, fh)
@@ -187,6 +197,16 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(
     warm = wait_for_pool(agent, 2)
     code = write_probe(tmp_path)
 
+    # (importing and idle, they run at the lowest CPU priority, their autogroup's too, from
+    # their first line on)
+    def lowest_priority(pid: int) -> bool:
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        return psutil.Process(pid).nice() == IMPORT_NICENESS and (
+            not AUTOGROUP_PATH.exists() or autogroup.read_text().split()[-1] == str(IMPORT_NICENESS)
+        )
+
+    assert wait_until(lambda: all(lowest_priority(pid) for pid in warm), 10)
+
     # When a 3-rank round of a plain script starts: two ranks come from the pool, the third
     # starts cold (the refill waits until the round has started)
     spec = probe_spec(tmp_path, 61, nproc=3, entrypoint="probe.py", args=["sleep", "--flag", "x y"])
@@ -212,6 +232,7 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(
         assert record["threads"] == 1
         assert record["cuda_initialized"] is False
         assert record["stdin_empty"] is True
+        assert (record["nice"], record["autogroup_nice"]) == (cold["nice"], cold["autogroup_nice"])
         env = record["env"]
         assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
