@@ -12,8 +12,7 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
-    round_spec,
+    one_rank_round,
     start_registered,
     wait_until,
 )
@@ -40,19 +39,6 @@ def age_tree(directory: Path, age: float) -> None:
         os.utime(root, (then, then))
 
 
-def one_rank_round(job_id: int, number: int, script: Path) -> protocol.RoundSpec:
-    return round_spec(
-        job_id=job_id,
-        round_=number,
-        node_rank=0,
-        nnodes=1,
-        nproc_per_node=1,
-        master_port=free_port(),
-        entrypoint=str(script),
-        args=[],
-    )
-
-
 def test_old_rounds_go_and_held_or_recent_ones_stay(
     agent_procs: AgentProcs, control_queue: ControlQueue, tmp_path: Path
 ) -> None:
@@ -74,7 +60,7 @@ def test_old_rounds_go_and_held_or_recent_ones_stay(
     # When job 502's round 4 is running, and its files are made a month old
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import time\ntime.sleep(60)\n")
-    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=one_rank_round(502, 4, sleeper))
+    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=one_rank_round(502, sleeper, round_=4))
     running = rounds / "job-502" / "round-4"
     assert wait_until((running / "rank-0" / "stdout.log").exists, 30)
     age_tree(running, MONTH)
@@ -82,7 +68,7 @@ def test_old_rounds_go_and_held_or_recent_ones_stay(
     another_old = make_round(rounds, 504, 1, age=MONTH)
     quick = tmp_path / "quick.py"
     quick.write_text("print('done')\n")
-    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=one_rank_round(503, 1, quick))
+    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=one_rank_round(503, quick))
     control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 30, job_id=503)
 
     # Then the pass removed the other old round but not the running one, nor the one just ended

@@ -19,9 +19,8 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
+    one_rank_round,
     pid_alive,
-    round_spec,
     wait_until,
     warm_processes,
 )
@@ -88,16 +87,7 @@ def run_probes(
     probe.write_text(textwrap.dedent(PROBE))
     jobs = {}
     for job_id, mode in enumerate(EXPECTED, start=70):
-        spec = round_spec(
-            job_id=job_id,
-            round_=1,
-            node_rank=0,
-            nnodes=1,
-            nproc_per_node=1,
-            master_port=free_port(),
-            entrypoint=str(probe),
-            args=[mode],
-        )
+        spec = one_rank_round(job_id, probe, [mode])
         control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=spec)
         jobs[mode] = job_id
     results: dict[str, Any] = {"agent": agent}
@@ -161,16 +151,7 @@ def test_a_record_left_by_an_earlier_attempt_is_not_taken_for_this_ones(
 
     # When that round starts again with a rank whose code runs 5 s
     started = time.time()
-    spec = round_spec(
-        job_id=79,
-        round_=1,
-        node_rank=0,
-        nnodes=1,
-        nproc_per_node=1,
-        master_port=free_port(),
-        entrypoint=str(probe),
-        args=[],
-    )
+    spec = one_rank_round(79, probe)
     control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=spec)
 
     # Then the rank runs to its end and exits 0 on its own, and its own record replaced the old

@@ -344,6 +344,22 @@ class ControlQueue:
         self.redis.close()
 
 
+def one_rank_round(
+    job_id: int, entrypoint: Path, args: list[str] | None = None, round_: int = 1
+) -> RoundSpec:
+    """A round of one node and one rank running ``entrypoint`` with ``args``."""
+    return round_spec(
+        job_id=job_id,
+        round_=round_,
+        node_rank=0,
+        nnodes=1,
+        nproc_per_node=1,
+        master_port=free_port(),
+        entrypoint=str(entrypoint),
+        args=args or [],
+    )
+
+
 def round_spec(
     *,
     job_id: int,
