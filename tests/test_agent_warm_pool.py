@@ -165,6 +165,12 @@ def probe_spec(
     return spec
 
 
+def start_probe(control_queue: ControlQueue, agent: AgentProcess, root: Path, job_id: int, mode: str) -> None:
+    """Starts a one-rank round of ``probe.py <mode>``."""
+    spec = probe_spec(root, job_id, nproc=1, entrypoint="probe.py", args=[mode])
+    control_queue.send(agent.name, protocol.AGENT_START_ROUND, spec=spec)
+
+
 def warm_pids(agent: AgentProcess) -> list[int]:
     return [proc.pid for proc in warm_processes(agent)]
 
@@ -284,16 +290,8 @@ def test_warm_ranks_report_exits_like_cold_ones(
     write_probe(tmp_path)
 
     # When two single-rank jobs start from the pool: one raises, one exits with a message
-    control_queue.send(
-        agent.name,
-        protocol.AGENT_START_ROUND,
-        spec=probe_spec(tmp_path, 71, nproc=1, entrypoint="probe.py", args=["raise"]),
-    )
-    control_queue.send(
-        agent.name,
-        protocol.AGENT_START_ROUND,
-        spec=probe_spec(tmp_path, 72, nproc=1, entrypoint="probe.py", args=["exitmsg"]),
-    )
+    start_probe(control_queue, agent, tmp_path, 71, "raise")
+    start_probe(control_queue, agent, tmp_path, 72, "exitmsg")
     raised, message = exit_of(control_queue, 71, 0), exit_of(control_queue, 72, 0)
 
     # Then both were warm, and each is reported as the interpreter reports it: an uncaught
@@ -308,11 +306,7 @@ def test_warm_ranks_report_exits_like_cold_ones(
 
     # When the refilled pool runs a @record failure and then a package run with -m
     warm = wait_for_pool(agent, 2)
-    control_queue.send(
-        agent.name,
-        protocol.AGENT_START_ROUND,
-        spec=probe_spec(tmp_path, 73, nproc=1, entrypoint="probe.py", args=["record"]),
-    )
+    start_probe(control_queue, agent, tmp_path, 73, "record")
     recorded = exit_of(control_queue, 73, 0)
     control_queue.send(
         agent.name,
@@ -349,11 +343,7 @@ def test_a_warm_rank_ends_as_the_interpreter_ends_a_script(
     # When one script returns leaving a non-daemon thread, an atexit handler and unflushed
     # stdout behind, and another dies of an uncaught KeyboardInterrupt
     for job_id, mode in ((91, "ending"), (92, "interrupt")):
-        control_queue.send(
-            agent.name,
-            protocol.AGENT_START_ROUND,
-            spec=probe_spec(tmp_path, job_id, nproc=1, entrypoint="probe.py", args=[mode]),
-        )
+        start_probe(control_queue, agent, tmp_path, job_id, mode)
     ended, interrupted = exit_of(control_queue, 91, 0), exit_of(control_queue, 92, 0)
 
     # Then both ran warm; the first exited 0 after its thread finished and its atexit handler ran,

@@ -28,7 +28,7 @@ from tests.support.agents import (
     start_registered,
     wait_until,
 )
-from tests.test_agent_warm_pool import exit_of, probe_spec, warm_pids, write_probe
+from tests.test_agent_warm_pool import exit_of, probe_spec, start_probe, warm_pids, write_probe
 from workers import protocol
 from workers.agent.warmpool import DEFAULT_WARM_POOL
 
@@ -142,11 +142,7 @@ def test_an_import_waits_while_every_core_is_busy(
     assert wait_until(lambda: f"resumed pid {pid}" in agent.log(), 30), agent.log()[-3000:]
     assert wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_SLEEPING, 60)
     write_probe(tmp_path)
-    control_queue.send(
-        agent.name,
-        protocol.AGENT_START_ROUND,
-        spec=probe_spec(tmp_path, 92, nproc=1, entrypoint="probe.py", args=["exit3"]),
-    )
+    start_probe(control_queue, agent, tmp_path, 92, "exit3")
     exit_ = exit_of(control_queue, 92, 0)
     assert exit_["pid"] == pid
     assert exit_["exit_code"] == 3

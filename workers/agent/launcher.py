@@ -310,10 +310,8 @@ def download(url: str, token: str, archive: Path) -> str:
         ) as response:
             if response.status_code >= 500 or response.status_code == 429:
                 raise TransientDownloadError(f"HTTP {response.status_code} from {url}")
-            try:
-                response.raise_for_status()
-            except requests.HTTPError as exc:
-                raise LaunchError(f"bundle download failed: {exc}") from exc
+            if not response.ok:
+                raise LaunchError(f"bundle download failed: HTTP {response.status_code} from {url}")
             with archive.open("wb") as fh:
                 for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
                     digest.update(chunk)

@@ -56,6 +56,7 @@ DEFAULT_GRACE_PERIOD_SECONDS = 30.0
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_BYTES = 16_384
 PRUNE_INTERVAL_SECONDS = 3600.0
+TEARDOWN_CHECK_INTERVAL_SECONDS = 1.0
 
 RankState = Literal["running", "succeeded", "failed", "stopped"]
 RoundState = Literal["starting", "running", "stopping", "succeeded", "failed", "stopped"]
@@ -131,6 +132,13 @@ class JobSlot:
     active: LocalRound | None = None  # starting, running or stopping
     pending: RoundSpec | None = None  # starts once `active` has fully stopped
     last_ended: LocalRound | None = None
+
+    def held_rounds(self) -> list[int]:
+        """The rounds this host still holds for the job: active, last ended, pending."""
+        held = [local.number for local in (self.active, self.last_ended) if local is not None]
+        if self.pending is not None:
+            held.append(self.pending["round"])
+        return held
 
 
 def signal_name(returncode: int) -> str | None:
@@ -224,6 +232,7 @@ class Supervisor(threading.Thread):
         self._load_fencing()
         self._pruning: Future[list[Path]] | None = None
         self._next_prune = 0.0  # monotonic
+        self._next_teardown_check = 0.0  # monotonic
 
     # --- API for tasks and the agent ---------------------------------------------------------
     def submit(self, command: Command) -> None:
@@ -323,10 +332,7 @@ class Supervisor(threading.Thread):
                 "ignoring start of job %s round %s: round %s is newer", spec["job_id"], number, slot.newest
             )
             return
-        known = [r.number for r in (slot.active, slot.last_ended) if r is not None]
-        if slot.pending is not None:
-            known.append(slot.pending["round"])
-        if number in known:
+        if number in slot.held_rounds():
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
@@ -446,6 +452,10 @@ class Supervisor(threading.Thread):
 
     def _supervise(self) -> None:
         now = time.monotonic()
+        # Ended codes are looked for once a second: the teardown timeout is counted in seconds.
+        check_teardowns = now >= self._next_teardown_check
+        if check_teardowns:
+            self._next_teardown_check = now + TEARDOWN_CHECK_INTERVAL_SECONDS
         for slot in self._jobs.values():
             local = slot.active
             if local is None:
@@ -465,7 +475,7 @@ class Supervisor(threading.Thread):
                     returncode = rank.handler.proc.poll()
                     if returncode is not None:
                         self._rank_ended(local, rank, returncode)
-                    elif not local.stop_reason and not rank.killed_in_teardown:
+                    elif check_teardowns and not local.stop_reason and not rank.killed_in_teardown:
                         self._check_teardown(local, rank)
             if local.stop_reason and not local.killed and now >= local.stop_deadline:
                 local.killed = True
@@ -511,12 +521,12 @@ class Supervisor(threading.Thread):
             # The code had ended: its status is the rank's; the signal only ended the teardown.
             teardown = "hung" if rank.killed_in_teardown else (signal_name(returncode) or "")
             logger.warning(
-                "job %s round %s: rank %s ended its code with status %s, then %s in the interpreter's teardown",
+                "job %s round %s: rank %s ended its code with status %s; its teardown: %s",
                 local.job_id,
                 local.number,
                 rank.rank,
                 ended_with,
-                "hung" if rank.killed_in_teardown else f"died by {teardown}",
+                teardown,
             )
             returncode = ended_with
         rank.state = "succeeded" if returncode == 0 else "failed"
@@ -575,14 +585,7 @@ class Supervisor(threading.Thread):
         if self._config.keep_rounds_days <= 0 or (self._pruning is not None and not self._pruning.done()):
             return
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_SECONDS
-        held = [
-            (job_id, number)
-            for job_id, slot in self._jobs.items()
-            for number in (
-                *(local.number for local in (slot.active, slot.last_ended) if local is not None),
-                *([slot.pending["round"]] if slot.pending is not None else []),
-            )
-        ]
+        held = [(job_id, number) for job_id, slot in self._jobs.items() for number in slot.held_rounds()]
         self._pruning = self._preparer.submit(
             prune_rounds, self._config.rounds_dir, self._config.keep_rounds_days, held
         )
