@@ -14,7 +14,8 @@ Transport:
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from enum import StrEnum
+from typing import Any, NotRequired, TypedDict
 
 CONTROL_QUEUE = "control"
 TELEMETRY_STREAM = "trainyard:telemetry"
@@ -55,6 +56,37 @@ failures (list of RankExit). Sent once the last local rank of a round has ended.
 
 CONTROL_OFFLINE = "trainyard.control.node_offline"
 """kwargs: token, node, session. Sent by an agent that shuts down cleanly."""
+
+AGENT_REGISTER_AGAIN = "trainyard.agent.register_again"
+"""kwargs: ``reason`` (text). The controller got a heartbeat it cannot place (the node is unknown,
+OFFLINE or LOST, or the session is not the registered one): the agent registers again at once."""
+
+
+class RankState(StrEnum):
+    """A rank process on a host: RUNNING until it ends (SUCCEEDED, FAILED) or is stopped."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class RoundState(StrEnum):
+    """A round on one host, as its agent reports it in heartbeats and CONTROL_ROUND_ENDED.
+
+    STARTING (preparing, launching) -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED.
+    The agent's own transition table lives with its loop (workers/agent/)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (RoundState.SUCCEEDED, RoundState.FAILED, RoundState.STOPPED)
 
 
 class BundleRef(TypedDict):
@@ -122,13 +154,13 @@ class RankStatus(TypedDict):
     local_rank: int
     rank: int
     pid: int
-    state: Literal["running", "succeeded", "failed", "stopped"]
+    state: RankState
 
 
 class RoundStatus(TypedDict):
     job_id: int
     round: int
-    state: Literal["starting", "running", "stopping", "succeeded", "failed", "stopped"]
+    state: RoundState
     ranks: list[RankStatus]
     last_step: int | None  # latest step any local rank logged in this round
     first_step_at: float | None  # unix time of the first step logged in this round

@@ -548,7 +548,7 @@ def _apply_round_statuses(node: Node, rounds: list[protocol.RoundStatus]) -> Non
     reported = {(int(r["job_id"]), int(r["round"])): r for r in rounds}
     # Rounds the agent runs that it should not: stop them (a lost stop command, or fencing).
     for (job_id, number), reported_status in reported.items():
-        if reported_status["state"] in ("succeeded", "failed", "stopped"):
+        if protocol.RoundState(reported_status["state"]).is_final:
             continue
         job = Job.objects.filter(pk=job_id).only("id", "state", "round_number", "grace_period").first()
         live = (
@@ -584,11 +584,14 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
         if job.round_number != number or not job.job_state.is_active:
             return
         alloc = Allocation.objects.select_for_update().get(pk=alloc_id)
-        if status["state"] in ("running", "starting") and alloc.state == AllocationState.ASSIGNED:
+        if (
+            status["state"] in (protocol.RoundState.RUNNING, protocol.RoundState.STARTING)
+            and alloc.state == AllocationState.ASSIGNED
+        ):
             alloc.state = AllocationState.RUNNING
             alloc.save(update_fields=["state"])
         changed = False
-        if status["state"] == "running" and job.state != JobState.RUNNING:
+        if status["state"] == protocol.RoundState.RUNNING and job.state != JobState.RUNNING:
             job.set_state(JobState.RUNNING)
             changed = True
             events.emit("job.running", f"Running round {number}", job=job)

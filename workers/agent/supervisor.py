@@ -47,7 +47,7 @@ from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
-from workers.protocol import RankExit, RankStatus, RoundSpec, RoundStatus
+from workers.protocol import RankExit, RankState, RankStatus, RoundSpec, RoundState, RoundStatus
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,6 @@ STDERR_TAIL_LINES = 30
 STDERR_TAIL_BYTES = 16_384
 PRUNE_INTERVAL_SECONDS = 3600.0
 TEARDOWN_CHECK_INTERVAL_SECONDS = 1.0
-
-RankState = Literal["running", "succeeded", "failed", "stopped"]
-RoundState = Literal["starting", "running", "stopping", "succeeded", "failed", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,7 @@ class Rank:
     rank: int
     files: RankFiles
     handler: RankHandler
-    state: RankState = "running"
+    state: RankState = RankState.RUNNING
     killed_in_teardown: bool = False
 
     @property
@@ -104,7 +101,7 @@ class Rank:
 @dataclass
 class LocalRound:
     spec: RoundSpec
-    state: RoundState = "starting"
+    state: RoundState = RoundState.STARTING
     ranks: list[Rank] = field(default_factory=list)
     preparing: Future[Path | None] | None = None
     stop_reason: Literal["", "command", "failure"] = ""
@@ -122,7 +119,7 @@ class LocalRound:
 
     @property
     def ended(self) -> bool:
-        return self.state in ("succeeded", "failed", "stopped")
+        return self.state.is_final
 
 
 @dataclass
@@ -406,7 +403,7 @@ class Supervisor(threading.Thread):
             logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
             self._fail_launch(local, str(exc))
             return
-        local.state = "running"
+        local.state = RoundState.RUNNING
         logger.info(
             "job %s round %s: started ranks %s (pids %s, %s)",
             spec["job_id"],
@@ -433,7 +430,7 @@ class Supervisor(threading.Thread):
                 )
             )
         local.stop_reason = "failure"
-        local.state = "starting"  # the next tick reaps any rank that did start, then ends it
+        local.state = RoundState.STARTING  # the next tick reaps any rank that did start, then ends it
 
     def _begin_stop(self, local: LocalRound, grace: float, reason: Literal["command", "failure"]) -> None:
         deadline = time.monotonic() + max(0.0, grace)
@@ -444,10 +441,10 @@ class Supervisor(threading.Thread):
             return
         local.stop_reason = reason
         local.stop_deadline = deadline
-        if local.state in ("running", "starting"):
-            local.state = "stopping" if local.ranks or local.preparing else local.state
+        if local.state in (RoundState.RUNNING, RoundState.STARTING):
+            local.state = RoundState.STOPPING if local.ranks or local.preparing else local.state
         for rank in local.ranks:
-            if rank.state == "running":
+            if rank.state == RankState.RUNNING:
                 _killpg(rank.pid, signal.SIGTERM)
 
     def _supervise(self) -> None:
@@ -471,7 +468,7 @@ class Supervisor(threading.Thread):
                 else:
                     self._spawn(local, future.result())
             for rank in local.ranks:
-                if rank.state == "running":
+                if rank.state == RankState.RUNNING:
                     returncode = rank.handler.proc.poll()
                     if returncode is not None:
                         self._rank_ended(local, rank, returncode)
@@ -480,13 +477,13 @@ class Supervisor(threading.Thread):
             if local.stop_reason and not local.killed and now >= local.stop_deadline:
                 local.killed = True
                 for rank in local.ranks:
-                    if rank.state == "running":
+                    if rank.state == RankState.RUNNING:
                         logger.warning(
                             "job %s round %s: SIGKILL rank %s", local.job_id, local.number, rank.rank
                         )
                         _killpg(rank.pid, signal.SIGKILL)
-            if all(rank.state != "running" for rank in local.ranks) and (
-                local.state != "starting" or local.stop_reason
+            if all(rank.state != RankState.RUNNING for rank in local.ranks) and (
+                local.state != RoundState.STARTING or local.stop_reason
             ):
                 self._round_ended(slot, local)
 
@@ -513,7 +510,7 @@ class Supervisor(threading.Thread):
         rank.handler.close_files()
         self._shipper.finish(local.job_id, local.number, rank.rank)
         if local.stop_reason:
-            rank.state = "stopped"
+            rank.state = RankState.STOPPED
             return
         teardown = ""
         ended_with = code_ending(rank.files) if returncode < 0 else None
@@ -529,7 +526,7 @@ class Supervisor(threading.Thread):
                 teardown,
             )
             returncode = ended_with
-        rank.state = "succeeded" if returncode == 0 else "failed"
+        rank.state = RankState.SUCCEEDED if returncode == 0 else RankState.FAILED
         exit_ = RankExit(
             local_rank=rank.local_rank,
             rank=rank.rank,
@@ -556,11 +553,11 @@ class Supervisor(threading.Thread):
 
     def _round_ended(self, slot: JobSlot, local: LocalRound) -> None:
         if local.stop_reason == "command":
-            outcome: RoundState = "stopped"
+            outcome: RoundState = RoundState.STOPPED
         elif local.failures:
-            outcome = "failed"
+            outcome = RoundState.FAILED
         else:
-            outcome = "succeeded"
+            outcome = RoundState.SUCCEEDED
         local.state = outcome
         slot.active = None
         if slot.last_ended is not None:
