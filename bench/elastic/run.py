@@ -34,6 +34,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.support import procs  # noqa: E402
+
 BENCH_DB = "trainyard_bench_elastic"
 BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 HEARTBEAT = 2.0
@@ -110,17 +112,6 @@ def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
     ]
 
 
-def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    import psutil
-
-    with contextlib.suppress(psutil.Error):
-        parent = psutil.Process(pid)
-        for child in parent.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.send_signal(sig)
-        parent.send_signal(sig)
-
-
 def script_pids(root_pid: int) -> list[int]:
     import psutil
 
@@ -142,13 +133,7 @@ def script_pids(root_pid: int) -> list[int]:
 
 
 def torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(Path(sys.executable).parent / "torchrun"), *args],
-        cwd=REPO,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    return procs.spawn([str(Path(sys.executable).parent / "torchrun"), *args], cwd=REPO, log=log)
 
 
 def free_port() -> int:
@@ -184,8 +169,7 @@ def torchrun_rank_kill(work: Path) -> float | None:
         os.kill(victim, signal.SIGKILL)
         return first_step_after(progress, t0, timeout=TORCHRUN_WAIT)
     finally:
-        kill_tree(proc.pid)
-        proc.wait()
+        procs.kill(proc)
 
 
 def torchrun_c10d(work: Path, node: int, port: int, progress: Path) -> subprocess.Popen[bytes]:
@@ -214,32 +198,30 @@ def torchrun_c10d(work: Path, node: int, port: int, progress: Path) -> subproces
 
 def torchrun_scale_up(work: Path) -> float | None:
     progress, port = work / "progress.jsonl", free_port()
-    procs = [torchrun_c10d(work, n, port, progress) for n in range(2)]
+    started = [torchrun_c10d(work, n, port, progress) for n in range(2)]
     try:
         if not wait_steps(progress, 2, TRAINED_STEPS):
             return None
         t0 = time.time()
-        procs.append(torchrun_c10d(work, 2, port, progress))
+        started.append(torchrun_c10d(work, 2, port, progress))
         return first_step_after(progress, t0, world=3, timeout=TORCHRUN_WAIT)
     finally:
-        for proc in procs:
-            kill_tree(proc.pid)
-            proc.wait()
+        for proc in started:
+            procs.kill(proc)
 
 
 def torchrun_node_kill(work: Path) -> float | None:
     progress, port = work / "progress.jsonl", free_port()
-    procs = [torchrun_c10d(work, n, port, progress) for n in range(3)]
+    started = [torchrun_c10d(work, n, port, progress) for n in range(3)]
     try:
         if not wait_steps(progress, 3, TRAINED_STEPS, timeout=120):
             return None
         t0 = time.time()
-        kill_tree(procs[2].pid)  # the host dies: its agent and its rank
+        procs.kill(started[2])  # the host dies: its agent and its rank
         return first_step_after(progress, t0, world=2, timeout=TORCHRUN_WAIT)
     finally:
-        for proc in procs:
-            kill_tree(proc.pid)
-            proc.wait()
+        for proc in started:
+            procs.kill(proc)
 
 
 # --- Trainyard --------------------------------------------------------------------------------
@@ -430,8 +412,6 @@ def main() -> int:
     )
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    # SIGTERM unwinds like Ctrl-C so the controller and agents are stopped in `finally`.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     import redis
 
@@ -515,4 +495,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM and Ctrl-C unwind main(); every controller, agent and torchrun it started is
+    # stopped on the way out, even one interrupted while the cluster was still starting.
+    with procs.stopped_on_exit():
+        code = main()
+    sys.exit(code)

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 
+from tests.support import procs  # noqa: E402
 from tests.support.agents import (  # noqa: E402
     AgentProcess,
     ControlQueue,
@@ -111,11 +111,13 @@ def run_torchrun_once(work: Path, index: int) -> tuple[float, float]:
         str(progress),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with (work / f"torchrun-{index}.log").open("wb") as log:
-        launched_at = time.time()
-        code = subprocess.run(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT
-        ).returncode
+    launched_at = time.time()
+    # Not subprocess.run: interrupted, it kills torchrun alone and leaves its ranks running.
+    process = procs.spawn(command, env=env, log=work / f"torchrun-{index}.log")
+    try:
+        code = process.wait(timeout=RUN_TIMEOUT)
+    finally:
+        procs.stop(process)
     steps = [line for line in read_progress(progress) if "step" in line]
     if code != 0:
         # Under heavy load a rank sometimes aborts in gloo's teardown after its last step
@@ -214,4 +216,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM and Ctrl-C unwind main(); the agents and any torchrun are stopped on the way out.
+    with procs.stopped_on_exit():
+        code = main()
+    sys.exit(code)

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -28,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.support import procs as children  # noqa: E402  (`procs` names a Processes here)
+
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "ty_telemetry_bench"
 
@@ -111,19 +114,12 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
-            proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = children.spawn(args, cwd=REPO, env=env, log=log)
         self.procs.append(proc)
         return proc
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        children.stop(proc, grace=15)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -523,6 +519,8 @@ def main(phases: set[str], frame_interval: float | None) -> None:
     figures: dict[str, Any] = {}
     try:
         redis_server.start()
+        assert redis_server.proc is not None
+        children.adopt(redis_server.proc)
         call_command("migrate", verbosity=0)
         user = User.objects.create_user("bench", password="bench-pw-1")
         cookie = session_cookie(user)
@@ -608,4 +606,6 @@ if __name__ == "__main__":
     if args.produce is not None:
         produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
     else:
-        main(set(args.phases.split(",")), args.frame_interval)
+        # SIGTERM and Ctrl-C unwind main(); every process it started is stopped on the way out.
+        with children.stopped_on_exit():
+            main(set(args.phases.split(",")), args.frame_interval)

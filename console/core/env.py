@@ -84,36 +84,38 @@ def secret(name: str, fallback_file: Path) -> str:
 
 
 def database_from_url(name: str, url: str) -> dict[str, Any]:
-    """Django DATABASES entry for a postgres:// or sqlite:/// URL."""
+    """Django DATABASES entry for a postgres:// URL, the only engine Trainyard runs on."""
     parts = urlsplit(url)
-    if parts.scheme in ("postgres", "postgresql", "pgsql"):
-        db = unquote(parts.path.lstrip("/"))
-        if not db:
-            raise ImproperlyConfigured(f"{name}={url!r} names no database (postgres://user@host:port/NAME)")
-        try:
-            port = parts.port
-        except ValueError:
-            raise ImproperlyConfigured(f"{name}={url!r} has a malformed port") from None
-        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": db,
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(port or ""),
-            "OPTIONS": options,
-            "CONN_MAX_AGE": 60,
-            "CONN_HEALTH_CHECKS": True,
-        }
     if parts.scheme == "sqlite":
-        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
-        if not path:
-            raise ImproperlyConfigured(
-                f"{name}={url!r}: use sqlite:///relative/path or sqlite:////absolute/path"
-            )
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": {"timeout": 30}}
-    raise ImproperlyConfigured(f"{name}={url!r}: only postgres:// and sqlite:/// URLs are supported")
+        # SQLite raised "database is locked" with the controller, ingest and web writing at
+        # once, and a registration lost that way left a live node OFFLINE for good.
+        raise ImproperlyConfigured(
+            f"{name}={url!r}: SQLite is not supported. Unset {name} to use the embedded PostgreSQL "
+            "that bin/run starts under TRAINYARD_HOME, or give postgres://user:password@host:5432/name."
+        )
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise ImproperlyConfigured(
+            f"{name}={url!r}: only postgres:// URLs are supported (postgres://user:password@host:5432/name)"
+        )
+    db = unquote(parts.path.lstrip("/"))
+    if not db:
+        raise ImproperlyConfigured(f"{name}={url!r} names no database (postgres://user@host:port/NAME)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={url!r} has a malformed port") from None
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": db,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(port or ""),
+        "OPTIONS": options,
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }
 
 
 def redis_url(name: str, url: str) -> str:

@@ -28,6 +28,7 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.support import procs
 from workers import protocol
 from workers.protocol import RoundSpec
 
@@ -150,6 +151,7 @@ def start_agent(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    procs.adopt(popen)  # stopped with everything else on SIGTERM, Ctrl-C or exit
     return AgentProcess(name, popen, data_dir, checkpoint_root, log_path)
 
 
@@ -239,10 +241,7 @@ class AgentProcs:
         for agent in self.agents:
             agent.remember_descendants()
         for agent in self.agents:
-            if agent.popen.poll() is None:
-                agent.popen.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                agent.popen.wait(10)
+            procs.kill(agent.popen)  # its group and every descendant it was seen with
         for agent in self.agents:
             for pid, created in agent.known_pids.items():
                 if pid_alive(pid, created):

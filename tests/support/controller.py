@@ -8,7 +8,6 @@ agents run as real processes against that database and a Redis database of their
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection
+
+from tests.support import procs
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -90,14 +91,8 @@ class Controller:
             "--without-gossip",
             "--without-mingle",
         ]
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=service_env(self.redis_url, self.workdir, **self.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.proc = procs.spawn(
+            command, cwd=REPO, env=service_env(self.redis_url, self.workdir, **self.env), log=self.log_path
         )
 
     @property
@@ -106,19 +101,12 @@ class Controller:
 
     def kill(self) -> None:
         """SIGKILL the whole controller (worker and beat threads die with it)."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc:
+            procs.kill(self.proc)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if not self.proc or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc:
+            procs.stop(self.proc, grace=timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

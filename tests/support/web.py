@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -13,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+
+from tests.support import procs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,8 +27,6 @@ def free_port() -> int:
 def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     """Daphne on a free port, reading and writing the test database."""
     db = settings.DATABASES["default"]
-    # A second process must see the test data, which an in-memory SQLite database cannot share.
-    assert db["ENGINE"] == "django.db.backends.postgresql", "run with DATABASE_URL=postgres://..."
     port = free_port()
     env = dict(os.environ)
     env.update(
@@ -37,8 +35,7 @@ def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         PYTHONUNBUFFERED="1",
     )
     log_path = tmp_path / "daphne.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(
+    process = procs.spawn(
         [
             str(Path(sys.executable).parent / "daphne"),
             "-b",
@@ -49,9 +46,7 @@ def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         ],
         cwd=REPO,
         env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        log=log_path,
     )
     try:
         deadline = time.monotonic() + 60
@@ -65,10 +60,4 @@ def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+        procs.stop(process, grace=15)

