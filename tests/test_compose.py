@@ -155,3 +155,13 @@ def test_console_services_get_database_and_redis_urls() -> None:
         env = SERVICES[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:5432/" in env["DATABASE_URL"]
         assert env["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_redis_keeps_streams_and_queues_across_a_restart() -> None:
+    # Telemetry in flight and broker messages survive a Redis restart only with an append-only
+    # file on a volume (the embedded Redis of `bin/run` runs the same way: test_embedded_redis.py).
+    svc = SERVICES["redis"]
+    argv = argv_of(svc["command"])
+    assert argv[argv.index("--appendonly") + 1] == "yes"
+    assert argv[argv.index("--appendfsync") + 1] in ("everysec", "always")
+    assert any(volume.split(":")[1] == "/data" for volume in svc["volumes"])

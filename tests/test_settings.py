@@ -28,7 +28,13 @@ def start(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
         (
             "DATABASE_URL",
             "mysql://x",
-            "DATABASE_URL='mysql://x': only postgres:// and sqlite:/// URLs are supported",
+            "DATABASE_URL='mysql://x': only postgres:// URLs are supported",
+        ),
+        (
+            "DATABASE_URL",
+            "sqlite:///console.sqlite3",
+            "SQLite is not supported. Unset DATABASE_URL to use the embedded PostgreSQL that bin/run "
+            "starts under TRAINYARD_HOME, or give postgres://",
         ),
         (
             "DATABASE_URL",
@@ -62,15 +68,40 @@ def test_well_formed_settings_start(tmp_path: Path) -> None:
     assert result.stdout.strip() == "django.db.backends.postgresql"
 
 
-def test_unset_database_url_means_sqlite_under_trainyard_home(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+def test_unset_urls_mean_the_embedded_servers_on_ports_kept_in_trainyard_home(tmp_path: Path) -> None:
+    # Given no DATABASE_URL and no REDIS_URL
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(DJANGO_SETTINGS_MODULE="console.settings", TRAINYARD_HOME=str(tmp_path))
-    code = START.replace("['ENGINE']", "['NAME']")
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "db = settings.DATABASES['default']; "
+        "print(db['ENGINE'], db['HOST'], db['PORT'], db['NAME'], db['USER'], settings.REDIS_URL)"
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(tmp_path / "console.sqlite3")
+
+    def start() -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    # When settings load, twice (two starts of the console)
+    first, second = start(), start()
+
+    # Then both point at the embedded PostgreSQL and Redis, on the ports saved under TRAINYARD_HOME
+    pg_port = (tmp_path / "postgres" / "port").read_text().strip()
+    redis_port = (tmp_path / "redis" / "port").read_text().strip()
+    assert first == [
+        "django.db.backends.postgresql",
+        "127.0.0.1",
+        pg_port,
+        "trainyard",
+        "postgres",
+        f"redis://127.0.0.1:{redis_port}/0",
+    ]
+    assert second == first
+    assert pg_port != redis_port
+    assert (tmp_path / "postgres" / "password").stat().st_mode & 0o777 == 0o600
 
 
 def test_secret_key_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
