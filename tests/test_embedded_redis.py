@@ -59,7 +59,7 @@ def test_a_crashed_redis_comes_back_on_its_port_with_its_data(tmp_path: Path) ->
         # Then it listens on the same port and still holds both
         assert server.port == port
         client = redis.Redis(host="127.0.0.1", port=port)
-        entries = client.xrange("trainyard:telemetry")
+        entries = client.xrange("trainyard:telemetry") or []
         assert [fields for _id, fields in entries] == [{b"batch": b"in flight"}]
         assert client.lrange("node.local", 0, -1) == [b"a start_round message"]
         client.close()

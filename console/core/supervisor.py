@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 _PR_SET_PDEATHSIG = 1
 
@@ -32,6 +32,14 @@ def _libc() -> Any:
 
 
 _LIBC = _libc()
+
+
+class Output(Protocol):
+    """Where the supervisor reports (a management command's stdout, or any text stream)."""
+
+    def write(self, text: str, /) -> Any: ...
+
+    def flush(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ def signal_group(pgid: int, sig: int) -> None:
 class Supervisor:
     def __init__(
         self,
-        out: IO[str],
+        out: Output,
         env: dict[str, str],
         cwd: Path,
         policy: CrashPolicy | None = None,

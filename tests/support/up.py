@@ -131,8 +131,18 @@ class RunningConsole:
         left = {pid for pid, created in self.started.items() if procs.alive(pid, created)}
         return sorted(left | set(processes_of_home(self.home)))
 
+    def remember_descendants(self) -> None:
+        """Notes every process below the supervisor now (PostgreSQL's backends, Celery's
+        workers...): PostgreSQL and Redis rewrite their environment for their process titles,
+        so ``processes_of_home`` cannot find them afterwards."""
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(self.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self.started[proc.pid] = proc.create_time()
+
     def interrupt(self) -> int:
         """Ctrl-C, as a user stops `bin/run`; its exit code once it has stopped everything."""
+        self.remember_descendants()
         self.process.send_signal(signal.SIGINT)
         self.wait_for(STOPPED_LINE, timeout=120)
         return self.process.wait(timeout=30)
