@@ -13,12 +13,15 @@ process in reverse start order, PostgreSQL last.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from types import FrameType
@@ -72,6 +75,10 @@ class Command(BaseCommand):
         home = Path(settings.TRAINYARD_HOME)
         home.mkdir(parents=True, exist_ok=True)
         Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+        with one_supervisor_per_home(home):
+            self.supervise(home, port, no_agent, warm_pool)
+
+    def supervise(self, home: Path, port: int, no_agent: bool, warm_pool: int | None) -> None:
         env = dict(os.environ)
         env["TRAINYARD_HOME"] = str(home)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -106,6 +113,29 @@ class StartFailed(Exception):
     """A server the console needs did not come up."""
 
 
+@contextlib.contextmanager
+def one_supervisor_per_home(home: Path) -> Iterator[None]:
+    """Refuses a second `manage.py up` on the same home: it would find the first one's
+    PostgreSQL and Redis, take them for leftovers and kill them. The kernel drops the lock
+    when this process ends, however it ends (children do not inherit it)."""
+    path = home / "up.lock"
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise CommandError(
+                f"another `manage.py up` (bin/run, pid {holder}) runs on TRAINYARD_HOME={home}; "
+                "stop it first, or give this one another TRAINYARD_HOME"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
+
+
 class Console:
     """The start-up sequence and the watch loop of one `manage.py up`."""
 
@@ -122,6 +152,11 @@ class Console:
     def run(self) -> None:
         sup = self.sup
         if not os.environ.get("DATABASE_URL"):
+            if (self.home / "console.sqlite3").exists():
+                sup.say(
+                    f"{self.home / 'console.sqlite3'} is from a version that ran on SQLite, which is no "
+                    "longer supported: its jobs and users are not carried over (the file is left as it is)"
+                )
             self.start_postgres()
         if not sup.stopping and not os.environ.get("REDIS_URL"):
             self.start_redis()
