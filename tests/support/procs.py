@@ -21,6 +21,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -192,10 +193,16 @@ def unwind_on_signals() -> None:
 
 @contextlib.contextmanager
 def stopped_on_exit(grace: float = DEFAULT_GRACE) -> Iterator[None]:
-    """A bench's main body: signals unwind it, and everything started is stopped at the end."""
+    """A bench's main body: signals unwind it, and everything started is stopped at the end.
+    Interrupted, it says so in one line (no traceback) and exits with 130, as after Ctrl-C."""
     unwind_on_signals()
     try:
         yield
+    except KeyboardInterrupt as exc:
+        left = len(running())
+        stop_all(grace)
+        print(f"interrupted ({exc or 'Ctrl-C'}): stopped the {left} processes still running", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
         stop_all(grace)
 
