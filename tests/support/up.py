@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ LOGIN_LINE = re.compile(r"username=(\S+) password=(\S+)")
 BROKER_LINE = re.compile(r"broker: redis://127\.0\.0\.1:(\d+)/0")
 POSTGRES_LINE = re.compile(r"PostgreSQL ready on 127\.0\.0\.1:(\d+)")
 STOPPED_LINE = re.compile(r"all processes stopped")
+AGENT_COMMAND_LINE = re.compile(r"^  (TRAINYARD_NODE_TOKEN=.+ -m workers\.agent .*)$")
 BOOT_TIMEOUT = 240.0
 """Seconds for a console to come up: initdb, migrations and five processes importing Django or
 torch on two cores shared with the rest of the suite."""
@@ -187,12 +189,31 @@ class ConsoleApi:
         return {a["node"] for r in self.job(job_id)["rounds"] for a in r["allocations"]}
 
     def wait_node_online(self, name: str, timeout: float = BOOT_TIMEOUT) -> None:
+        self.wait_node_state(name, {"ONLINE"}, timeout)
+
+    def wait_heartbeat_after(self, name: str, moment: datetime, timeout: float = 120.0) -> None:
+        """Until node ``name`` is ONLINE with a heartbeat later than ``moment``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(n["name"] == name and n["state"] == "ONLINE" for n in self.get("nodes/")["results"]):
+            for node in self.get("nodes/")["results"]:
+                beat = node["last_heartbeat"]
+                if (
+                    node["name"] == name
+                    and node["state"] == "ONLINE"
+                    and beat
+                    and datetime.fromisoformat(beat.replace("Z", "+00:00")) > moment
+                ):
+                    return
+            time.sleep(0.5)
+        raise AssertionError(f"no heartbeat of {name} since {moment} within {timeout:.0f} s")
+
+    def wait_node_state(self, name: str, states: set[str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(n["name"] == name and n["state"] in states for n in self.get("nodes/")["results"]):
                 return
             time.sleep(0.5)
-        raise AssertionError(f"node {name} not ONLINE within {timeout:.0f} s: {self.get('nodes/')}")
+        raise AssertionError(f"node {name} not in {states} within {timeout:.0f} s: {self.get('nodes/')}")
 
     def wait_job(self, job_id: int, states: set[str], timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
