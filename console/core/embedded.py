@@ -201,10 +201,6 @@ class EmbeddedPostgres:
         return kept_secret(self.root / "password")
 
     @property
-    def url(self) -> str:
-        return database_url(self.home)
-
-    @property
     def system_user(self) -> str | None:
         return POSTGRES_SYSTEM_USER if os.geteuid() == 0 else None
 
@@ -324,10 +320,6 @@ class EmbeddedRedis:
     @property
     def port(self) -> int:
         return kept_port(self.root / "port")
-
-    @property
-    def url(self) -> str:
-        return broker_url(self.home)
 
     @property
     def log(self) -> Path:

@@ -137,9 +137,6 @@ class Supervisor:
         self.out.write(f"[trainyard] {text}\n")
         self.out.flush()
 
-    def child(self, name: str) -> Child | None:
-        return next((c for c in self.children if c.name == name), None)
-
     def start(self, spec: ChildSpec) -> Child:
         child = Child(spec=spec)
         self.children.append(child)
