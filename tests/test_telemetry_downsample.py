@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from console.jobs.models import Job
 from console.telemetry.downsample import query_series, thin_points
-from console.telemetry.ingest import store_metrics
+from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from console.telemetry.models import ROLLUP_STEPS
 
 
@@ -47,7 +47,7 @@ def series_job(transactional_db: None) -> tuple[Job, dict[tuple[int, int], float
             values[(rank, step)] = value
             rows.append((job.pk, 1, rank, step, step, "loss", value, t))
     with transaction.atomic():
-        store_metrics(rows, replay=False)
+        store_metrics(MetricBatch.of(rows), replay=False)
     return job, values
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-BENCH_DB = "ty_telemetry_bench"
+BENCH_DB = f"ty_telemetry_bench_{os.getpid()}"
 
 # Ingest rate: a prefilled stream of this many agent batches.
 RATE_BATCHES = 400
@@ -358,7 +358,7 @@ def bench_downsample(points: int) -> tuple[float, int]:
 
     from console.jobs.models import Job
     from console.telemetry.downsample import query_series
-    from console.telemetry.ingest import store_metrics
+    from console.telemetry.ingest.storage import MetricBatch, store_metrics
 
     job = Job.objects.create(name="downsample-bench", workload="mlp", round_number=1)
     t0 = time.time()
@@ -369,7 +369,7 @@ def bench_downsample(points: int) -> tuple[float, int]:
             for step in range(first, min(points, first + chunk))
         ]
         with transaction.atomic():
-            store_metrics(rows, replay=False)
+            store_metrics(MetricBatch.of(rows), replay=False)
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE telemetry_metric")
         cur.execute("VACUUM ANALYZE telemetry_metricrollup")
