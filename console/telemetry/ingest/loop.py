@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
 import redis
 from django.db import DatabaseError, connection
 
@@ -221,12 +222,13 @@ class IngestLoop:
         self.frames.flush(self.sink, force)
 
     def _recover(self, exc: Exception, delay: float, stop: Callable[[], bool]) -> None:
-        if isinstance(exc, redis.RedisError | DatabaseError):
+        if isinstance(exc, redis.RedisError | DatabaseError | psycopg.Error):
             log.warning("ingest paused (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
         else:
             log.exception("ingest pass failed; its entries stay pending and are retried")
-        # Whatever was queued behind the failure is skipped unacked; wait for that, then read
-        # again from the oldest pending entry.
+        # Whatever was queued behind a failed write is skipped unacked; wait for that (or for the
+        # writer to finish what it holds), then read again from the oldest pending entry.
+        self.writer.wait_idle()
         self.writer.take_error()
         connection.close()
         self.cursor.rewind()
