@@ -46,6 +46,7 @@ WARMUP_SECONDS = 2.0
 RAMP_BATCH = 10
 DOWNSAMPLE_POINTS = 1_000_000
 DOWNSAMPLE_RUNS = 7
+REPS = 5
 
 
 def free_port() -> int:
@@ -142,23 +143,18 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 
 # --- phases ----------------------------------------------------------------------------------
-def bench_ingest_rate(
-    job_id: int, redis_url: str, env: dict[str, str], procs: Processes, logs: Path
-) -> float:
-    import redis
-
-    from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
-
-    client = redis.Redis.from_url(redis_url)
-    pipe = client.pipeline(transaction=False)
+def rate_payloads(job_id: int) -> list[str]:
+    """RATE_BATCHES agent batches of RATE_RECORDS_PER_BATCH records (4 ranks, 5 values each)."""
+    payloads = []
     step = 0
+    t = time.time()
     for i in range(RATE_BATCHES):
         rank = i % 4
         records = [
             {
                 "kind": "metric",
                 "seq": step + j,
-                "t": time.time(),
+                "t": t + (step + j) * 1e-3,
                 "step": step + j,
                 "values": {name: 0.5 + j * 1e-3 for name in RATE_VALUES},
             }
@@ -167,7 +163,31 @@ def bench_ingest_rate(
         if rank == 3:
             step += RATE_RECORDS_PER_BATCH
         payload = {"job_id": job_id, "round": 1, "rank": rank, "node": "bench", "records": records}
-        pipe.xadd(TELEMETRY_STREAM, {"batch": json.dumps(payload)})
+        payloads.append(json.dumps(payload))
+    return payloads
+
+
+def empty_metric_tables(database_url: str) -> None:
+    """Every measurement starts on empty tables, so reps and the two writers compare alike."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE telemetry_metric, telemetry_metricrollup")
+
+
+def bench_ingest_rate(
+    payloads: list[str], redis_url: str, env: dict[str, str], procs: Processes, logs: Path
+) -> float:
+    """Points/s of ``manage.py ingest`` draining a prefilled stream (its start-up not counted)."""
+    import redis
+
+    from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete(TELEMETRY_STREAM)
+    pipe = client.pipeline(transaction=False)
+    for payload in payloads:
+        pipe.xadd(TELEMETRY_STREAM, {"batch": payload})
     pipe.execute()
     points_per_entry = RATE_RECORDS_PER_BATCH * len(RATE_VALUES)
     proc = procs.start(
@@ -185,7 +205,7 @@ def bench_ingest_rate(
         now = time.monotonic()
         if acked > 0:
             samples.append((now, acked))
-        if acked >= RATE_BATCHES:
+        if acked >= len(payloads):
             break
         time.sleep(0.02)
     procs.stop(proc)
@@ -194,6 +214,67 @@ def bench_ingest_rate(
         raise RuntimeError("ingest made no progress")
     (t0, a0), (t1, a1) = samples[0], samples[-1]
     return (a1 - a0) * points_per_entry / (t1 - t0)
+
+
+def bench_raw_copy(payloads: list[str], database_url: str) -> float:
+    """Rows/s of one bare COPY of the same points straight into telemetry_metric (its unique
+    index and all): what PostgreSQL alone can take, the baseline for ingest_copy_ratio. The COPY
+    text is made beforehand; only the COPY and its commit are timed."""
+    import psycopg
+
+    from console.telemetry.ingest.decoding import decode_entries
+    from console.telemetry.ingest.storage import METRIC_COLUMNS, copy_text
+
+    rows = decode_entries((b"0-0", {b"batch": p.encode()}) for p in payloads).metrics
+    text = copy_text(rows)
+    with psycopg.connect(database_url) as conn:
+        started = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(f"COPY telemetry_metric ({METRIC_COLUMNS}) FROM STDIN") as copy:
+            copy.write(text)
+        conn.commit()
+        elapsed = time.perf_counter() - started
+    return len(rows) / elapsed
+
+
+def rate_phase(
+    job_id: int,
+    reps: int,
+    database_url: str,
+    redis_url: str,
+    env: dict[str, str],
+    procs: Processes,
+    logs: Path,
+) -> dict[str, Any]:
+    """Ingest and the raw COPY, alternately (which goes first alternates too), ``reps`` times."""
+    payloads = rate_payloads(job_id)
+    ingest_rates: list[float] = []
+    copy_rates: list[float] = []
+    loads: list[float] = []
+    for rep in range(reps):
+        order = ("ingest", "copy") if rep % 2 == 0 else ("copy", "ingest")
+        for which in order:
+            empty_metric_tables(database_url)
+            loads.append(os.getloadavg()[0])
+            if which == "ingest":
+                ingest_rates.append(bench_ingest_rate(payloads, redis_url, env, procs, logs))
+            else:
+                copy_rates.append(bench_raw_copy(payloads, database_url))
+        print(
+            f"rate rep {rep + 1}/{reps}: ingest {ingest_rates[-1]:,.0f} points/s, raw COPY "
+            f"{copy_rates[-1]:,.0f} rows/s, ratio {ingest_rates[-1] / copy_rates[-1]:.2f} "
+            f"(1-min load {loads[-1]:.1f})",
+            flush=True,
+        )
+    ratios = [i / c for i, c in zip(ingest_rates, copy_rates, strict=True)]
+    return {
+        "ingest_points_per_s": round(statistics.median(ingest_rates)),
+        "ingest_points_per_s_range": [round(min(ingest_rates)), round(max(ingest_rates))],
+        "raw_copy_rows_per_s": round(statistics.median(copy_rates)),
+        "raw_copy_rows_per_s_range": [round(min(copy_rates)), round(max(copy_rates))],
+        "ingest_copy_ratio": round(statistics.median(ratios), 3),
+        "ingest_copy_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        "rate_load_avg_1m": round(statistics.median(loads), 1),
+    }
 
 
 async def watch(
@@ -397,6 +478,38 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def fanout_rep(
+    job_id: int, watched: dict[str, int], workdir: Path, logs: Path, procs: Processes, common: dict[str, Any]
+) -> dict[str, Any]:
+    """One fan-out run: FANOUT_CLIENTS viewers of one job for FANOUT_SECONDS."""
+    before = cpu_seconds(watched)
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    many, published = live_phase(
+        job_id, FANOUT_CLIENTS, FANOUT_SECONDS, procs=procs, logs=logs, workdir=workdir, **common
+    )
+    wall = time.monotonic() - started
+    used = {k: round(v - before[k], 1) for k, v in cpu_seconds(watched).items()}
+    all_lat = [x * 1000 for r in many for x in r["latencies"]]
+    hops = [x * 1000 for r in many for x in r["hops"]]
+    failed = [r["error"] for r in many if r["error"]]
+    if failed:
+        print(f"fanout: {len(failed)} clients failed, e.g. {failed[0]}", flush=True)
+    return {
+        "clients": sum(1 for r in many if r["frames"] > 0),
+        "fanout_p50_ms": round(percentile(all_lat, 50), 1),
+        "fanout_p95_ms": round(percentile(all_lat, 95), 1),
+        "fanout_published_p95_ms": round(percentile([x * 1000 for x in published], 95), 1),
+        "fanout_hop_p95_ms": round(percentile(hops, 95), 1),
+        "gaps": sum(r["gaps"] for r in many),
+        "failed": len(failed),
+        "frames_per_client": round(statistics.median(r["frames"] for r in many)),
+        "cpu_s": used,
+        "wall_s": round(wall),
+        "load_1m": round((load_before + os.getloadavg()[0]) / 2, 1),
+    }
+
+
 def live_phases(
     phases: set[str],
     figures: dict[str, Any],
@@ -407,6 +520,7 @@ def live_phases(
     procs: Processes,
     tmp: Path,
     frame_interval: float | None,
+    reps: int,
 ) -> None:
     """Latency with one client, then fan-out to FANOUT_CLIENTS, through daphne and ingest."""
     from console.jobs.models import Job
@@ -426,69 +540,51 @@ def live_phases(
     common: dict[str, Any] = {"cookie": cookie, "ws_port": ws_port, "redis_url": redis_url, "env": env}
 
     if "latency" in phases:
-        job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
-        (tmp / "latency").mkdir()
-        (single,), _ = live_phase(
-            job.pk, 1, LATENCY_SECONDS, procs=procs, logs=logs, workdir=tmp / "latency", **common
-        )
-        lat = [x * 1000 for x in single["latencies"]]
-        figures["latency_p50_ms"] = round(percentile(lat, 50), 1)
-        figures["latency_p95_ms"] = round(percentile(lat, 95), 1)
-        print(
-            f"latency: p50 {figures['latency_p50_ms']} ms p95 {figures['latency_p95_ms']} ms "
-            f"({len(lat)} points, {single['frames']} frames)",
-            flush=True,
-        )
+        p50s, p95s = [], []
+        for rep in range(reps):
+            job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
+            (tmp / f"latency-{rep}").mkdir()
+            (single,), _ = live_phase(
+                job.pk, 1, LATENCY_SECONDS, procs=procs, logs=logs, workdir=tmp / f"latency-{rep}", **common
+            )
+            lat = [x * 1000 for x in single["latencies"]]
+            p50s.append(percentile(lat, 50))
+            p95s.append(percentile(lat, 95))
+            print(
+                f"latency rep {rep + 1}/{reps}: p50 {p50s[-1]:.1f} ms p95 {p95s[-1]:.1f} ms "
+                f"({len(lat)} points, {single['frames']} frames, 1-min load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+        figures["latency_p50_ms"] = round(statistics.median(p50s), 1)
+        figures["latency_p95_ms"] = round(statistics.median(p95s), 1)
+        figures["latency_p95_ms_range"] = [round(min(p95s), 1), round(max(p95s), 1)]
 
     if "fanout" in phases:
-        job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
-        (tmp / "fanout").mkdir()
-        before = cpu_seconds(watched)
-        load_before = os.getloadavg()[0]
-        started = time.monotonic()
-        many, published = live_phase(
-            job.pk, FANOUT_CLIENTS, FANOUT_SECONDS, procs=procs, logs=logs, workdir=tmp / "fanout", **common
+        reports = []
+        for rep in range(reps):
+            job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
+            (tmp / f"fanout-{rep}").mkdir()
+            reports.append(fanout_rep(job.pk, watched, tmp / f"fanout-{rep}", logs, procs, common))
+            print(
+                f"fanout rep {rep + 1}/{reps}: " + ", ".join(f"{k} {v}" for k, v in reports[-1].items()),
+                flush=True,
+            )
+        for key in ("fanout_p50_ms", "fanout_p95_ms", "fanout_published_p95_ms", "fanout_hop_p95_ms"):
+            values = [r[key] for r in reports]
+            figures[key] = round(statistics.median(values), 1)
+            figures[f"{key}_range"] = [round(min(values), 1), round(max(values), 1)]
+        figures["fanout_clients"] = min(r["clients"] for r in reports)
+        figures["fanout_gaps"] = sum(r["gaps"] for r in reports)
+        figures["fanout_failed_clients"] = sum(r["failed"] for r in reports)
+        figures["fanout_frames_per_client"] = round(
+            statistics.median(r["frames_per_client"] for r in reports)
         )
-        wall = time.monotonic() - started
-        used = {k: v - before[k] for k, v in cpu_seconds(watched).items()}
-        print(
-            f"fanout CPU over {wall:.0f}s: "
-            + ", ".join(f"{k} {v:.1f}s" for k, v in used.items())
-            + f"; 1-min load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
-            flush=True,
-        )
-        all_lat = [x * 1000 for r in many for x in r["latencies"]]
-        figures["fanout_clients"] = sum(1 for r in many if r["frames"] > 0)
-        figures["fanout_p95_ms"] = round(percentile(all_lat, 95), 1)
-        figures["fanout_p50_ms"] = round(percentile(all_lat, 50), 1)
-        pub_lat = [x * 1000 for x in published]
-        figures["fanout_published_p50_ms"] = round(percentile(pub_lat, 50), 1)
-        figures["fanout_published_p95_ms"] = round(percentile(pub_lat, 95), 1)
-        hops = [x * 1000 for r in many for x in r["hops"]]
-        figures["fanout_hop_p50_ms"] = round(percentile(hops, 50), 1)
-        figures["fanout_hop_p95_ms"] = round(percentile(hops, 95), 1)
-        figures["fanout_gaps"] = sum(r["gaps"] for r in many)
-        figures["fanout_frames_per_client"] = round(statistics.median(r["frames"] for r in many))
-        figures["fanout_load_avg_1m"] = round(os.getloadavg()[0], 1)
-        failed = [r["error"] for r in many if r["error"]]
-        figures["fanout_failed_clients"] = len(failed)
-        if failed:
-            print(f"fanout: {len(failed)} clients failed, e.g. {failed[0]}", flush=True)
-        lasts = sorted({r["last"] for r in many}, key=str)
-        print(
-            f"fanout: {figures['fanout_clients']} clients p50 {figures['fanout_p50_ms']} ms "
-            f"p95 {figures['fanout_p95_ms']} ms, gaps {figures['fanout_gaps']}, "
-            f"median {figures['fanout_frames_per_client']} frames/client, last frame numbers {lasts[:5]}; "
-            f"as published (before fan-out) p50 {figures['fanout_published_p50_ms']} ms "
-            f"p95 {figures['fanout_published_p95_ms']} ms; fan-out hop (published -> arrival) "
-            f"p50 {figures['fanout_hop_p50_ms']} ms p95 {figures['fanout_hop_p95_ms']} ms",
-            flush=True,
-        )
+        figures["fanout_load_avg_1m"] = round(statistics.median(r["load_1m"] for r in reports), 1)
     procs.stop_all()
 
 
 # --- main ------------------------------------------------------------------------------------
-def main(phases: set[str], frame_interval: float | None) -> None:
+def main(phases: set[str], frame_interval: float | None, reps: int) -> None:
     import psycopg
 
     redis_port = free_port()
@@ -529,10 +625,14 @@ def main(phases: set[str], frame_interval: float | None) -> None:
 
         if "ingest" in phases:
             rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
-            figures["ingest_points_per_s"] = round(
-                bench_ingest_rate(rate_job.pk, redis_url, env, procs, logs)
+            figures.update(rate_phase(rate_job.pk, reps, database_url, redis_url, env, procs, logs))
+            print(
+                f"ingest: median {figures['ingest_points_per_s']:,} points/s "
+                f"{figures['ingest_points_per_s_range']}, raw COPY {figures['raw_copy_rows_per_s']:,} rows/s "
+                f"{figures['raw_copy_rows_per_s_range']}, ratio {figures['ingest_copy_ratio']} "
+                f"{figures['ingest_copy_ratio_range']} over {reps} reps",
+                flush=True,
             )
-            print(f"ingest: {figures['ingest_points_per_s']:,} points/s", flush=True)
         if phases & {"latency", "fanout"}:
             live_phases(
                 phases,
@@ -543,6 +643,7 @@ def main(phases: set[str], frame_interval: float | None) -> None:
                 procs=procs,
                 tmp=tmp,
                 frame_interval=frame_interval,
+                reps=reps,
             )
         if "downsample" in phases:
             ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
@@ -561,35 +662,73 @@ def main(phases: set[str], frame_interval: float | None) -> None:
     def fig(key: str, unit: str = "") -> str:
         return f"{figures[key]:,}{unit}" if key in figures else "-"
 
+    def spread(key: str) -> str:
+        return f" [{figures[key][0]:,}-{figures[key][1]:,}]" if key in figures else ""
+
     rows = [
-        ("sustained ingest into PostgreSQL", fig("ingest_points_per_s", " points/s"), ">= 50,000"),
+        (
+            "ingest into PostgreSQL",
+            fig("ingest_points_per_s", " points/s") + spread("ingest_points_per_s_range"),
+            "",
+        ),
+        (
+            "raw COPY, same rows",
+            fig("raw_copy_rows_per_s", " rows/s") + spread("raw_copy_rows_per_s_range"),
+            "",
+        ),
+        ("ingest_copy_ratio", fig("ingest_copy_ratio") + spread("ingest_copy_ratio_range"), ">= 0.8"),
         ("SDK log() -> websocket p50 @10k pts/s", fig("latency_p50_ms", " ms"), ""),
-        ("SDK log() -> websocket p95 @10k pts/s", fig("latency_p95_ms", " ms"), "<= 250"),
-        ("fan-out clients receiving frames", f"{fig('fanout_clients')} / {FANOUT_CLIENTS}", "200"),
-        ("fan-out p50 @10k pts/s", fig("fanout_p50_ms", " ms"), ""),
-        ("fan-out p95 @10k pts/s", fig("fanout_p95_ms", " ms"), "<= 250"),
-        ("fan-out frame gaps (all clients)", fig("fanout_gaps"), "0"),
-        ("fan-out: as published, p95", fig("fanout_published_p95_ms", " ms"), "(ingest's share)"),
-        ("fan-out: hop published -> client p95", fig("fanout_hop_p95_ms", " ms"), "(fan-out's share)"),
+        (
+            "SDK log() -> websocket p95 @10k pts/s",
+            fig("latency_p95_ms", " ms") + spread("latency_p95_ms_range"),
+            "<= 250",
+        ),
+        ("fan-out clients receiving frames (min)", f"{fig('fanout_clients')} / {FANOUT_CLIENTS}", "200"),
+        ("fan-out p50 @10k pts/s", fig("fanout_p50_ms", " ms") + spread("fanout_p50_ms_range"), ""),
+        ("fan-out p95 @10k pts/s", fig("fanout_p95_ms", " ms") + spread("fanout_p95_ms_range"), "<= 250"),
+        ("fan-out frame gaps (all clients, reps)", fig("fanout_gaps"), "0"),
+        (
+            "fan-out: as published, p95",
+            fig("fanout_published_p95_ms", " ms") + spread("fanout_published_p95_ms_range"),
+            "(ingest's share)",
+        ),
+        (
+            "fan-out: hop published -> client p95",
+            fig("fanout_hop_p95_ms", " ms") + spread("fanout_hop_p95_ms_range"),
+            "(fan-out's share)",
+        ),
         ("downsample 1M -> 1,000 (median)", fig("downsample_1m_ms", " ms"), "<= 100"),
     ]
     print()
-    print(f"{'measure':40} {'result':>24}  target")
+    print(
+        f"Medians over {reps} reps [min-max]; {os.cpu_count()} cores, 1-min load average {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'measure':40} {'result':>36}  target")
     for name, value, target in rows:
-        print(f"{name:40} {value:>24}  {target}")
+        print(f"{name:40} {value:>36}  {target}")
     keys = [
+        "ingest_copy_ratio",
+        "ingest_copy_ratio_range",
         "ingest_points_per_s",
+        "ingest_points_per_s_range",
+        "raw_copy_rows_per_s",
+        "raw_copy_rows_per_s_range",
+        "rate_load_avg_1m",
         "latency_p50_ms",
         "latency_p95_ms",
+        "latency_p95_ms_range",
         "fanout_clients",
         "fanout_p95_ms",
+        "fanout_p95_ms_range",
         "fanout_gaps",
         "fanout_published_p95_ms",
         "fanout_hop_p95_ms",
         "fanout_failed_clients",
         "fanout_load_avg_1m",
         "downsample_1m_ms",
+        "reps",
     ]
+    figures["reps"] = reps
     # NaN (a phase that measured nothing) is not JSON: null instead.
     print(json.dumps({k: None if figures.get(k) != figures.get(k) else figures.get(k) for k in keys}))
 
@@ -604,8 +743,11 @@ if __name__ == "__main__":
         "--phases", default="ingest,latency,fanout,downsample", help="comma-separated subset to run"
     )
     parser.add_argument("--frame-interval", type=float, help="pass to manage.py ingest (default: its own)")
+    parser.add_argument("--reps", type=int, default=REPS, help="repetitions of each measured phase")
     args = parser.parse_args()
     if args.produce is not None:
         produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
     else:
-        main(set(args.phases.split(",")), args.frame_interval)
+        # SIGTERM unwinds like Ctrl-C, so main's finally stops every process it started.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        main(set(args.phases.split(",")), args.frame_interval, args.reps)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from console.telemetry.models import Severity
 
 log = logging.getLogger(__name__)
@@ -103,7 +105,7 @@ def decode_batch(raw: bytes | str, into: Decoded) -> None:
 
 def _envelope(raw: bytes | str) -> tuple[Head, list[Any]]:
     try:
-        batch = json.loads(raw)
+        batch = _loads(raw)
         head = Head(_count(batch, "job_id"), _count(batch, "round"), _count(batch, "rank"))
         records = batch["records"]
     except (ValueError, KeyError, TypeError) as exc:
@@ -111,6 +113,15 @@ def _envelope(raw: bytes | str) -> tuple[Head, list[Any]]:
     if not isinstance(records, list):
         raise BadBatch("records must be a list")
     return head, records
+
+
+def _loads(raw: bytes | str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # Python's json also reads what orjson refuses: NaN and Infinity literals (Python's
+        # json.dumps writes them, e.g. in an event's data), integers past 64 bits.
+        return json.loads(raw)
 
 
 def _count(record: dict[str, Any], key: str) -> int:
@@ -132,14 +143,20 @@ def _metric(head: Head, record: dict[str, Any], into: Decoded) -> None:
     job, rnd, rank = head.job_id, head.round_number, head.rank
     append = into.metrics.append
     for name, value in record["values"].items():
-        if value is None:
-            # The SDK sends a NaN/Inf as null (JSON has neither): keep it, as NaN, so the chart
-            # shows the gap and the loss detector sees the divergence.
-            value = math.nan
-        elif isinstance(value, bool) or not isinstance(value, int | float) or len(name) > MAX_NAME:
+        # (Most values are floats: one type check for them, the rest of the checks after.)
+        if type(value) is not float:
+            if value is None:
+                # The SDK sends a NaN/Inf as null (JSON has neither): keep it, as NaN, so the
+                # chart shows the gap and the loss detector sees the divergence.
+                value = math.nan
+            elif isinstance(value, bool) or not isinstance(value, int):
+                into.bad_records += 1
+                continue
+            value = float(value)
+        if len(name) > MAX_NAME:
             into.bad_records += 1
             continue
-        append((job, rnd, rank, seq, step, name, float(value), t))
+        append((job, rnd, rank, seq, step, name, value, t))
 
 
 def _log(head: Head, record: dict[str, Any], into: Decoded) -> None:

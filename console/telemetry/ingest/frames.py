@@ -103,11 +103,18 @@ class Frames:
 
     def add_points(self, rows: Iterable[MetricRow]) -> None:
         with self.lock:
+            last: tuple[int, int] | None = None
+            series: dict[str, list[tuple[int, float]]] = {}
             for job_id, round_number, rank, _seq, step, name, value, _t in rows:
                 if rank != FRAME_RANK:
                     continue
-                frame = self._frame(job_id, round_number)
-                frame.series.setdefault(name, []).append((step, value))
+                if (job_id, round_number) != last:  # rows come in runs of one job and round
+                    last = (job_id, round_number)
+                    series = self._frame(job_id, round_number).series
+                points = series.get(name)
+                if points is None:
+                    points = series[name] = []
+                points.append((step, value))
 
     def add_logs(self, logs: Iterable[StoredLog]) -> None:
         with self.lock:

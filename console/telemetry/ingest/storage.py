@@ -211,21 +211,27 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 
 
 def copy_text(rows: list[MetricRow]) -> str:
-    """Rows in COPY text format for telemetry_metric's columns. By hand: about three times
-    faster than psycopg's ``write_row`` here. Float repr ("nan", "inf") is what PostgreSQL's
-    float input accepts; a record's values share their time, so it is formatted once."""
+    """Rows in COPY text format for telemetry_metric's columns. By hand: several times faster
+    than psycopg's ``write_row`` here. Float repr ("nan", "inf") is what PostgreSQL's float input
+    accepts. A record's values come as consecutive rows sharing everything up to the name, so
+    that part (and the time) is formatted once per record."""
     names: dict[str, str] = {}
     stamp = TimestampText()
-    last_t, when = None, ""
     out: list[str] = []
     append = out.append
-    for job, rnd, rank, seq, step, name, value, t in rows:
+    last: tuple[int, ...] = ()
+    head = tail = ""
+    for row in rows:
+        key = row[:5]
+        if key != last:
+            last = key
+            head = "\t".join(map(str, key)) + "\t"
+            tail = "\t" + stamp(row[7]) + "\n"
+        name = row[5]
         escaped = names.get(name)
         if escaped is None:
             escaped = names[name] = name.translate(_COPY_ESCAPES)
-        if t != last_t:
-            last_t, when = t, stamp(t)
-        append(f"{job}\t{rnd}\t{rank}\t{seq}\t{step}\t{escaped}\t{value!r}\t{when}\n")
+        append(head + escaped + "\t" + repr(row[6]) + tail)
     return "".join(out)
 
 
