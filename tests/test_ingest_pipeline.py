@@ -71,6 +71,12 @@ def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job
 
     # Then every point is stored once, the other records became rows, and nothing is pending
     assert Metric.objects.filter(job=job).count() == 2 * 50 * 2
+    # with the time each record carries, to the microsecond
+    sent = {r["step"]: r["t"] for r in metric_records(range(0, 1), t0=1_700_000_000.123456)}
+    xadd(client, batch(job.pk, metric_records(range(0, 1), {"t_check": 1.0}, t0=sent[0])))
+    loop.drain()
+    stamp = Metric.objects.get(job=job, name="t_check").time
+    assert stamp.timestamp() == pytest.approx(sent[0], abs=1e-6) and stamp.microsecond == 123456
     assert sorted(Metric.objects.filter(job=job, rank=1, name="lr").values_list("step", flat=True)) == list(
         range(50)
     )
@@ -97,7 +103,7 @@ def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job
     assert client.xlen(TELEMETRY_STREAM) == 2  # the last delivered entry and the unread one
     loop.drain()
     loop.close()
-    assert Metric.objects.filter(job=job).count() == 2 * 50 * 2 + 10 * 1
+    assert Metric.objects.filter(job=job).exclude(name="t_check").count() == 2 * 50 * 2 + 10 * 1
 
 
 def test_replayed_entries_store_nothing_twice(client: redis.Redis, job: Job) -> None:

@@ -175,10 +175,39 @@ def empty_metric_tables(database_url: str) -> None:
         conn.execute("TRUNCATE telemetry_metric, telemetry_metricrollup")
 
 
+def backends_of(pid: int, database_url: str) -> list[int]:
+    """PostgreSQL backend pids serving process ``pid``'s connections (same host)."""
+    import psutil
+    import psycopg
+
+    ports = [
+        c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == 5432
+    ]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", [ports]
+        ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def cpu_of(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def bench_ingest_rate(
-    payloads: list[str], redis_url: str, env: dict[str, str], procs: Processes, logs: Path
-) -> float:
-    """Points/s of ``manage.py ingest`` draining a prefilled stream (its start-up not counted)."""
+    payloads: list[str], database_url: str, redis_url: str, env: dict[str, str], procs: Processes, logs: Path
+) -> tuple[float, float]:
+    """Points/s of ``manage.py ingest`` draining a prefilled stream (its start-up not counted),
+    and the CPU seconds per point it and its PostgreSQL backends used meanwhile."""
     import redis
 
     from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
@@ -193,7 +222,8 @@ def bench_ingest_rate(
     proc = procs.start(
         [sys.executable, "manage.py", "ingest", "--consumer", "bench-rate"], env, logs / "ingest-rate.log"
     )
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, float]] = []
+    pids: list[int] = []
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -204,7 +234,9 @@ def bench_ingest_rate(
             acked = 0
         now = time.monotonic()
         if acked > 0:
-            samples.append((now, acked))
+            if not pids:  # by its first commit, ingest holds both of its connections
+                pids = [proc.pid, *backends_of(proc.pid, database_url)]
+            samples.append((now, acked, cpu_of(pids)))
         if acked >= len(payloads):
             break
         time.sleep(0.02)
@@ -212,28 +244,35 @@ def bench_ingest_rate(
     client.close()
     if len(samples) < 2:
         raise RuntimeError("ingest made no progress")
-    (t0, a0), (t1, a1) = samples[0], samples[-1]
-    return (a1 - a0) * points_per_entry / (t1 - t0)
+    (t0, a0, c0), (t1, a1, c1) = samples[0], samples[-1]
+    points = (a1 - a0) * points_per_entry
+    return points / (t1 - t0), (c1 - c0) / points
 
 
-def bench_raw_copy(payloads: list[str], database_url: str) -> float:
+def bench_raw_copy(payloads: list[str], database_url: str) -> tuple[float, float]:
     """Rows/s of one bare COPY of the same points straight into telemetry_metric (its unique
     index and all): what PostgreSQL alone can take, the baseline for ingest_copy_ratio. The COPY
-    text is made beforehand; only the COPY and its commit are timed."""
+    data is made beforehand; only the COPY and its commit are timed. Also the CPU seconds per
+    row its backend and this process used."""
     import psycopg
 
     from console.telemetry.ingest.decoding import decode_entries
-    from console.telemetry.ingest.storage import METRIC_COLUMNS, copy_text
+    from console.telemetry.ingest.storage import METRIC_COPY, copy_data
 
     rows = decode_entries((b"0-0", {b"batch": p.encode()}) for p in payloads).metrics
-    text = copy_text(rows)
+    data = copy_data(rows)  # the format ingest sends
     with psycopg.connect(database_url) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+        conn.commit()
+        pids = [int(backend[0])] if backend else []
+        cpu, own = cpu_of(pids), time.process_time()
         started = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(f"COPY telemetry_metric ({METRIC_COLUMNS}) FROM STDIN") as copy:
-            copy.write(text)
+        with conn.cursor() as cur, cur.copy(METRIC_COPY) as copy:
+            copy.write(data)
         conn.commit()
         elapsed = time.perf_counter() - started
-    return len(rows) / elapsed
+        used = cpu_of(pids) - cpu + time.process_time() - own
+    return len(rows) / elapsed, used / len(rows)
 
 
 def rate_phase(
@@ -249,6 +288,8 @@ def rate_phase(
     payloads = rate_payloads(job_id)
     ingest_rates: list[float] = []
     copy_rates: list[float] = []
+    ingest_cpu: list[float] = []
+    copy_cpu: list[float] = []
     loads: list[float] = []
     for rep in range(reps):
         order = ("ingest", "copy") if rep % 2 == 0 else ("copy", "ingest")
@@ -256,16 +297,22 @@ def rate_phase(
             empty_metric_tables(database_url)
             loads.append(os.getloadavg()[0])
             if which == "ingest":
-                ingest_rates.append(bench_ingest_rate(payloads, redis_url, env, procs, logs))
+                rate, cpu = bench_ingest_rate(payloads, database_url, redis_url, env, procs, logs)
+                ingest_rates.append(rate)
+                ingest_cpu.append(cpu)
             else:
-                copy_rates.append(bench_raw_copy(payloads, database_url))
+                rate, cpu = bench_raw_copy(payloads, database_url)
+                copy_rates.append(rate)
+                copy_cpu.append(cpu)
         print(
-            f"rate rep {rep + 1}/{reps}: ingest {ingest_rates[-1]:,.0f} points/s, raw COPY "
-            f"{copy_rates[-1]:,.0f} rows/s, ratio {ingest_rates[-1] / copy_rates[-1]:.2f} "
+            f"rate rep {rep + 1}/{reps}: ingest {ingest_rates[-1]:,.0f} points/s "
+            f"({ingest_cpu[-1] * 1e6:.1f} CPU us/point), raw COPY {copy_rates[-1]:,.0f} rows/s "
+            f"({copy_cpu[-1] * 1e6:.1f} CPU us/row), ratio {ingest_rates[-1] / copy_rates[-1]:.2f} "
             f"(1-min load {loads[-1]:.1f})",
             flush=True,
         )
     ratios = [i / c for i, c in zip(ingest_rates, copy_rates, strict=True)]
+    cpu_ratios = [c / i for i, c in zip(ingest_cpu, copy_cpu, strict=True)]
     return {
         "ingest_points_per_s": round(statistics.median(ingest_rates)),
         "ingest_points_per_s_range": [round(min(ingest_rates)), round(max(ingest_rates))],
@@ -273,6 +320,12 @@ def rate_phase(
         "raw_copy_rows_per_s_range": [round(min(copy_rates)), round(max(copy_rates))],
         "ingest_copy_ratio": round(statistics.median(ratios), 3),
         "ingest_copy_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        # CPU cost per point of the raw COPY over ingest's (its process and its backends): what
+        # the rate ratio would be with a core free for each, and far less sensitive to load.
+        "ingest_copy_cpu_ratio": round(statistics.median(cpu_ratios), 3),
+        "ingest_copy_cpu_ratio_range": [round(min(cpu_ratios), 3), round(max(cpu_ratios), 3)],
+        "ingest_cpu_us_per_point": round(statistics.median(ingest_cpu) * 1e6, 2),
+        "raw_copy_cpu_us_per_row": round(statistics.median(copy_cpu) * 1e6, 2),
         "rate_load_avg_1m": round(statistics.median(loads), 1),
     }
 
@@ -677,6 +730,11 @@ def main(phases: set[str], frame_interval: float | None, reps: int) -> None:
             "",
         ),
         ("ingest_copy_ratio", fig("ingest_copy_ratio") + spread("ingest_copy_ratio_range"), ">= 0.8"),
+        (
+            "ingest_copy_cpu_ratio (CPU per point)",
+            fig("ingest_copy_cpu_ratio") + spread("ingest_copy_cpu_ratio_range"),
+            "",
+        ),
         ("SDK log() -> websocket p50 @10k pts/s", fig("latency_p50_ms", " ms"), ""),
         (
             "SDK log() -> websocket p95 @10k pts/s",
@@ -713,6 +771,10 @@ def main(phases: set[str], frame_interval: float | None, reps: int) -> None:
         "ingest_points_per_s_range",
         "raw_copy_rows_per_s",
         "raw_copy_rows_per_s_range",
+        "ingest_copy_cpu_ratio",
+        "ingest_copy_cpu_ratio_range",
+        "ingest_cpu_us_per_point",
+        "raw_copy_cpu_us_per_row",
         "rate_load_avg_1m",
         "latency_p50_ms",
         "latency_p95_ms",

@@ -30,6 +30,11 @@ LogRow = tuple[int, int, int, str, int, str, float]
 CheckpointRow = tuple[int, int, int, str, int, float]
 
 MAX_NAME = 128  # telemetry_metric.name
+# Column ranges (bigint, integer): a value past them would fail every write of its read.
+MAX_BIGINT = 2**63 - 1
+MAX_INTEGER = 2**31 - 1
+# Times an agent may report (epoch seconds, up to the year 2200); others become "now".
+MAX_TIME = 7_258_118_400.0
 MAX_PATH = 1024  # jobs_checkpoint.path
 MAX_EVENT_KIND = 64  # telemetry_event.kind
 LOG_STREAMS = ("stdout", "stderr")
@@ -106,7 +111,9 @@ def decode_batch(raw: bytes | str, into: Decoded) -> None:
 def _envelope(raw: bytes | str) -> tuple[Head, list[Any]]:
     try:
         batch = _loads(raw)
-        head = Head(_count(batch, "job_id"), _count(batch, "round"), _count(batch, "rank"))
+        head = Head(
+            _count(batch, "job_id"), _count(batch, "round", MAX_INTEGER), _count(batch, "rank", MAX_INTEGER)
+        )
         records = batch["records"]
     except (ValueError, KeyError, TypeError) as exc:
         raise BadBatch(str(exc)) from exc
@@ -124,16 +131,16 @@ def _loads(raw: bytes | str) -> Any:
         return json.loads(raw)
 
 
-def _count(record: dict[str, Any], key: str) -> int:
+def _count(record: dict[str, Any], key: str, limit: int = MAX_BIGINT) -> int:
     value = record[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadBatch(f"{key} must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise BadBatch(f"{key} must be an integer from 0 to {limit}")
     return value
 
 
 def _time(record: dict[str, Any]) -> float:
     value = record.get("t")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_TIME:
         return time.time()
     return float(value)
 
@@ -153,7 +160,7 @@ def _metric(head: Head, record: dict[str, Any], into: Decoded) -> None:
                 into.bad_records += 1
                 continue
             value = float(value)
-        if len(name) > MAX_NAME:
+        if len(name) > MAX_NAME or "\x00" in name:  # (PostgreSQL text cannot hold NUL)
             into.bad_records += 1
             continue
         append((job, rnd, rank, seq, step, name, value, t))
