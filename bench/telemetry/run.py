@@ -8,6 +8,13 @@ the ``log()`` hot path, its buffering and flusher thread, its files) and the age
 shipper (workers.agent.shipper.TelemetryShipper) tails the files and XADDs batches, as on a host.
 Each record carries the time of its log call as the value of the series ``t_append``, so a
 client computes log() → arrival latency for every point of every frame it receives.
+
+Ingest rate: a prefilled stream of 500,000 points drained by ``manage.py ingest``, against a bare
+COPY of the same rows (the same binary data ingest sends) into telemetry_metric with its unique
+index, alternately on emptied tables: ``ingest_copy_ratio`` is ingest's rate over the COPY's,
+``ingest_copy_cpu_ratio`` the COPY's CPU per row over ingest's (its process and PostgreSQL
+backends), which depends far less on how loaded the machine is. Every phase runs ``--reps`` times
+(5); figures are medians with their ranges, and the 1-min load average is reported alongside.
 """
 
 from __future__ import annotations
