@@ -210,64 +210,72 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def bench_ingest_rate(
-    payloads: list[str], database_url: str, redis_url: str, env: dict[str, str], procs: Processes, logs: Path
-) -> tuple[float, float]:
-    """Points/s of ``manage.py ingest`` draining a prefilled stream (its start-up not counted),
-    and the CPU seconds per point it and its PostgreSQL backends used meanwhile."""
-    import redis
+class RateIngest:
+    """The one ``manage.py ingest`` of the rate phase: started once, so that its start-up is not
+    what is measured, and given a prefilled stream at each rep."""
 
-    from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+    def __init__(self, database_url: str, redis_url: str, env: dict[str, str], procs: Processes, logs: Path):
+        import redis
 
-    client = redis.Redis.from_url(redis_url)
-    client.delete(TELEMETRY_STREAM)
-    pipe = client.pipeline(transaction=False)
-    for payload in payloads:
-        pipe.xadd(TELEMETRY_STREAM, {"batch": payload})
-    pipe.execute()
-    points_per_entry = RATE_RECORDS_PER_BATCH * len(RATE_VALUES)
-    proc = procs.start(
-        [sys.executable, "manage.py", "ingest", "--consumer", "bench-rate"], env, logs / "ingest-rate.log"
-    )
-    samples: list[tuple[float, int, float]] = []
-    pids: list[int] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+        from workers.protocol import TELEMETRY_STREAM
+
+        self.database_url = database_url
+        self.client = redis.Redis.from_url(redis_url)
+        self.client.delete(TELEMETRY_STREAM)
+        self.proc = procs.start(
+            [sys.executable, "manage.py", "ingest", "--consumer", "bench-rate"], env, logs / "ingest-rate.log"
+        )
+        self.pids: list[int] = []
+
+    def acked(self) -> int:
+        import redis
+
+        from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
         try:
-            groups = client.xinfo_groups(TELEMETRY_STREAM)
+            groups = self.client.xinfo_groups(TELEMETRY_STREAM)
             info = next(g for g in groups if g["name"] in (TELEMETRY_GROUP, TELEMETRY_GROUP.encode()))
-            acked = int(info["entries-read"] or 0) - int(info["pending"])
         except (StopIteration, redis.ResponseError):
-            acked = 0
-        now = time.monotonic()
-        if acked > 0:
-            if not pids:  # by its first commit, ingest holds both of its connections
-                pids = [proc.pid, *backends_of(proc.pid, database_url)]
-            samples.append((now, acked, cpu_of(pids)))
-        if acked >= len(payloads):
-            break
-        time.sleep(0.02)
-    procs.stop(proc)
-    client.close()
-    if len(samples) < 2:
-        raise RuntimeError("ingest made no progress")
-    (t0, a0, c0), (t1, a1, c1) = samples[0], samples[-1]
-    points = (a1 - a0) * points_per_entry
-    return points / (t1 - t0), (c1 - c0) / points
+            return 0
+        return int(info["entries-read"] or 0) - int(info["pending"])
+
+    def measure(self, payloads: list[str]) -> tuple[float, float]:
+        """Points/s draining ``payloads``, and the CPU seconds per point that ingest and its
+        PostgreSQL backends used meanwhile."""
+        from workers.protocol import TELEMETRY_STREAM
+
+        base = self.acked()
+        pipe = self.client.pipeline(transaction=True)  # MULTI: ingest sees none of them or all
+        for payload in payloads:
+            pipe.xadd(TELEMETRY_STREAM, {"batch": payload})
+        pipe.execute()
+        samples: list[tuple[float, int, float]] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            acked = self.acked() - base
+            now = time.monotonic()
+            if acked > 0:
+                if not self.pids:  # by its first commit, ingest holds both of its connections
+                    self.pids = [self.proc.pid, *backends_of(self.proc.pid, self.database_url)]
+                samples.append((now, acked, cpu_of(self.pids)))
+            if acked >= len(payloads):
+                break
+            time.sleep(0.02)
+        if len(samples) < 2:
+            raise RuntimeError("ingest made no progress")
+        (t0, a0, c0), (t1, a1, c1) = samples[0], samples[-1]
+        points = (a1 - a0) * RATE_RECORDS_PER_BATCH * len(RATE_VALUES)
+        return points / (t1 - t0), (c1 - c0) / points
 
 
-def bench_raw_copy(payloads: list[str], database_url: str) -> tuple[float, float]:
+def bench_raw_copy(data: bytes, rows: int, database_url: str) -> tuple[float, float]:
     """Rows/s of one bare COPY of the same points straight into telemetry_metric (its unique
-    index and all): what PostgreSQL alone can take, the baseline for ingest_copy_ratio. The COPY
-    data is made beforehand; only the COPY and its commit are timed. Also the CPU seconds per
-    row its backend and this process used."""
+    index and all): what PostgreSQL alone can take, the baseline for ingest_copy_ratio. Only the
+    COPY and its commit are timed. Also the CPU seconds per row its backend and this process used."""
     import psycopg
 
-    from console.telemetry.ingest.decoding import decode_entries
-    from console.telemetry.ingest.storage import METRIC_COPY, copy_data
+    from console.telemetry.ingest.storage import METRIC_COPY
 
-    rows = decode_entries((b"0-0", {b"batch": p.encode()}) for p in payloads).metrics
-    data = copy_data(rows)  # the format ingest sends
     with psycopg.connect(database_url) as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()
         conn.commit()
@@ -279,7 +287,7 @@ def bench_raw_copy(payloads: list[str], database_url: str) -> tuple[float, float
         conn.commit()
         elapsed = time.perf_counter() - started
         used = cpu_of(pids) - cpu + time.process_time() - own
-    return len(rows) / elapsed, used / len(rows)
+    return rows / elapsed, used / rows
 
 
 def rate_phase(
@@ -292,7 +300,13 @@ def rate_phase(
     logs: Path,
 ) -> dict[str, Any]:
     """Ingest and the raw COPY, alternately (which goes first alternates too), ``reps`` times."""
+    from console.telemetry.ingest.decoding import decode_entries
+    from console.telemetry.ingest.storage import copy_data
+
     payloads = rate_payloads(job_id)
+    rows = decode_entries((b"0-0", {b"batch": p.encode()}) for p in payloads).metrics
+    data = copy_data(rows)  # the format ingest sends
+    ingest = RateIngest(database_url, redis_url, env, procs, logs)
     ingest_rates: list[float] = []
     copy_rates: list[float] = []
     ingest_cpu: list[float] = []
@@ -304,11 +318,11 @@ def rate_phase(
             empty_metric_tables(database_url)
             loads.append(os.getloadavg()[0])
             if which == "ingest":
-                rate, cpu = bench_ingest_rate(payloads, database_url, redis_url, env, procs, logs)
+                rate, cpu = ingest.measure(payloads)
                 ingest_rates.append(rate)
                 ingest_cpu.append(cpu)
             else:
-                rate, cpu = bench_raw_copy(payloads, database_url)
+                rate, cpu = bench_raw_copy(data, len(rows), database_url)
                 copy_rates.append(rate)
                 copy_cpu.append(cpu)
         print(
@@ -318,6 +332,9 @@ def rate_phase(
             f"(1-min load {loads[-1]:.1f})",
             flush=True,
         )
+    # (The live phases' ingest is another consumer of the same group: this one must be gone.)
+    procs.stop(ingest.proc)
+    ingest.client.close()
     ratios = [i / c for i, c in zip(ingest_rates, copy_rates, strict=True)]
     cpu_ratios = [c / i for i, c in zip(ingest_cpu, copy_cpu, strict=True)]
     return {
