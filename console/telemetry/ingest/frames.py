@@ -1,8 +1,9 @@
 """Live frames: what viewers of a job get while it runs, and how often.
 
-Rank 0's new points and every new log line are gathered per job. Every FRAME_INTERVAL, each job
-with something new gets one frame: its series thinned with ``downsample.thin_points`` to a budget
-of FRAME_BUDGET points over all series, serialised once (the client JSON) and numbered per job.
+Rank 0's new points and every new log line are gathered per job. A job with something new gets
+a frame at once if its last one is FRAME_INTERVAL old, else as soon as it is: its series thinned
+with ``downsample.thin_points`` to a budget of FRAME_BUDGET points over all series, serialised
+once (the client JSON) and numbered per job.
 A job that some web process reports busy (fanout.BUSY_VIEWERS viewers or more) gets a frame every
 BUSY_FRAME_INTERVAL instead: each frame costs that process one send per viewer. Nothing here
 does I/O; the sink given to ``flush`` delivers (console.telemetry.ingest.broadcast).
@@ -11,6 +12,7 @@ does I/O; the sink given to ``flush`` delivers (console.telemetry.ingest.broadca
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -99,7 +101,6 @@ class Frames:
         self.pending: dict[int, JobFrame] = {}
         self.numbers: dict[int, int] = {}
         self.sent_at: dict[int, float] = {}
-        self.last_flush = time.monotonic()
 
     def add_points(self, rows: Iterable[MetricRow]) -> None:
         with self.lock:
@@ -139,21 +140,21 @@ class Frames:
         frames reach the sink in the order of their numbers."""
         with self.lock:
             now = time.monotonic()
-            if not force and now - self.last_flush < self.interval:
-                return
-            self.last_flush = now
-            pending, self.pending = self.pending, {}
-            for job_id, frame in pending.items():
-                if not force and self._held_back(job_id, now):
-                    # Still gathering: the next frame carries these points too, thinned as usual.
-                    self.pending[job_id] = frame
-                    continue
+            # A job whose last frame is older than its interval gets one at once (points that
+            # arrive after a quiet spell wait for nothing); otherwise its points gather, and the
+            # next frame carries them too, thinned as usual.
+            due = [job_id for job_id in self.pending if force or not self._held_back(job_id, now)]
+            for job_id in due:
+                frame = self.pending.pop(job_id)
                 self.sent_at[job_id] = now
                 number = self.numbers[job_id] = self.numbers.get(job_id, 0) + 1
                 sink.deliver(render(job_id, number, frame))
 
     def _held_back(self, job_id: int, now: float) -> bool:
-        return now - self.sent_at.get(job_id, 0.0) < BUSY_FRAME_INTERVAL and self.busy(job_id, now)
+        since = now - self.sent_at.get(job_id, -math.inf)
+        if since < self.interval:
+            return True
+        return since < BUSY_FRAME_INTERVAL and self.busy(job_id, now)
 
     def jobs(self) -> set[int]:
         with self.lock:
