@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -46,9 +47,9 @@ RATE_VALUES = ("loss", "lr", "grad_norm", "throughput", "step_time")
 LIVE_RATE = 10_000
 LIVE_RANKS = 2
 LIVE_VALUES = 5
-LATENCY_SECONDS = 15.0
+LATENCY_SECONDS = 10.0
 FANOUT_CLIENTS = 200
-FANOUT_SECONDS = 20.0
+FANOUT_SECONDS = 15.0
 WARMUP_SECONDS = 2.0
 RAMP_BATCH = 10
 DOWNSAMPLE_POINTS = 1_000_000
@@ -506,7 +507,29 @@ def live_phase(
     results, published = asyncio.run(run_clients(url, cookie, clients, seconds, start_producer, tap))
     for proc in producer:
         proc.wait(60)
+    wait_drained(redis_url)
     return results, published
+
+
+def wait_drained(redis_url: str, timeout: float = 120.0) -> None:
+    """Wait until ingest has read and acked everything in the stream: on a loaded machine it
+    can lag a rep behind, and the next rep's viewers would then only see the last one's points."""
+    import redis
+
+    from workers.protocol import TELEMETRY_STREAM
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            added = int(client.xinfo_stream(TELEMETRY_STREAM)["entries-added"])
+            groups = client.xinfo_groups(TELEMETRY_STREAM)
+            if all(int(g["entries-read"] or 0) >= added and not int(g["pending"]) for g in groups):
+                return
+            time.sleep(0.2)
+        print(f"ingest still behind after {timeout:.0f}s; the next rep starts anyway", flush=True)
+    finally:
+        client.close()
 
 
 def bench_downsample(points: int) -> tuple[float, int]:
@@ -629,12 +652,15 @@ def live_phases(
             p95s.append(percentile(lat, 95))
             print(
                 f"latency rep {rep + 1}/{reps}: p50 {p50s[-1]:.1f} ms p95 {p95s[-1]:.1f} ms "
-                f"({len(lat)} points, {single['frames']} frames, 1-min load {os.getloadavg()[0]:.1f})",
+                f"({len(lat)} points, {single['frames']} frames, 1-min load {os.getloadavg()[0]:.1f})"
+                + (f"; client failed: {single['error']}" if single["error"] else ""),
                 flush=True,
             )
-        figures["latency_p50_ms"] = round(statistics.median(p50s), 1)
-        figures["latency_p95_ms"] = round(statistics.median(p95s), 1)
-        figures["latency_p95_ms_range"] = [round(min(p95s), 1), round(max(p95s), 1)]
+        p50s, p95s = [v for v in p50s if v == v], [v for v in p95s if v == v]  # reps with points
+        if p95s:
+            figures["latency_p50_ms"] = round(statistics.median(p50s), 1)
+            figures["latency_p95_ms"] = round(statistics.median(p95s), 1)
+            figures["latency_p95_ms_range"] = [round(min(p95s), 1), round(max(p95s), 1)]
 
     if "fanout" in phases:
         reports = []
@@ -647,9 +673,10 @@ def live_phases(
                 flush=True,
             )
         for key in ("fanout_p50_ms", "fanout_p95_ms", "fanout_published_p95_ms", "fanout_hop_p95_ms"):
-            values = [r[key] for r in reports]
-            figures[key] = round(statistics.median(values), 1)
-            figures[f"{key}_range"] = [round(min(values), 1), round(max(values), 1)]
+            values = [r[key] for r in reports if r[key] == r[key]]  # reps that measured something
+            if values:
+                figures[key] = round(statistics.median(values), 1)
+                figures[f"{key}_range"] = [round(min(values), 1), round(max(values), 1)]
         figures["fanout_clients"] = min(r["clients"] for r in reports)
         figures["fanout_gaps"] = sum(r["gaps"] for r in reports)
         figures["fanout_failed_clients"] = sum(r["failed"] for r in reports)
@@ -661,7 +688,7 @@ def live_phases(
 
 
 # --- main ------------------------------------------------------------------------------------
-def main(phases: set[str], frame_interval: float | None, reps: int) -> None:
+def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: bool) -> None:
     import psycopg
 
     redis_port = free_port()
@@ -735,6 +762,10 @@ def main(phases: set[str], frame_interval: float | None, reps: int) -> None:
         connections.close_all()
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        if keep_logs:
+            print(f"logs kept in {logs}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def fig(key: str, unit: str = "") -> str:
         return f"{figures[key]:,}{unit}" if key in figures else "-"
@@ -830,10 +861,11 @@ if __name__ == "__main__":
     )
     parser.add_argument("--frame-interval", type=float, help="pass to manage.py ingest (default: its own)")
     parser.add_argument("--reps", type=int, default=REPS, help="repetitions of each measured phase")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (else removed)")
     args = parser.parse_args()
     if args.produce is not None:
         produce(args.produce, LIVE_RATE, args.seconds, args.workdir, args.redis)
     else:
         # SIGTERM unwinds like Ctrl-C, so main's finally stops every process it started.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        main(set(args.phases.split(",")), args.frame_interval, args.reps)
+        main(set(args.phases.split(",")), args.frame_interval, args.reps, args.keep_logs)
