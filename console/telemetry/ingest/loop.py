@@ -73,6 +73,7 @@ class Writer:
         self.detector = AnomalyDetector()
         self.queue: queue.Queue[Batch | ForgetEnded | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
+        self.commits = 0
         self.thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self.thread.start()
 
@@ -118,6 +119,7 @@ class Writer:
         stored = store_read(batch.decoded, batch.metrics, replay=read.replay, detector=self.detector)
         # Strictly after the commit: a failure before this line leaves the entries pending.
         ingest.cursor.ack(read.ids)
+        self.commits += 1
         ingest.stats.count(
             entries=len(read.entries), records=batch.decoded.records, points=len(batch.metrics.rows)
         )
@@ -168,8 +170,13 @@ class IngestLoop:
         delay = RETRY_MIN
         while not stop():
             try:
+                commits = self.writer.commits
                 self.turn(block_ms)
-                delay = RETRY_MIN
+                # Back to a short delay only once things work again: a write committed, or
+                # nothing was there to write (a read that merely succeeds says nothing of
+                # PostgreSQL).
+                if self.writer.commits != commits or not self.last_read:
+                    delay = RETRY_MIN
             except Exception as exc:
                 self._recover(exc, delay, stop)
                 delay = min(RETRY_MAX, delay * 2)
