@@ -91,6 +91,9 @@ def produce(job_id: int, rate: int, seconds: float, workdir: Path, redis_url: st
     per_rank = rate / LIVE_VALUES / LIVE_RANKS
     written = 0
     start = time.time()
+    # The viewers' clock starts now: this process's imports (torch, through workers.sdk) took
+    # longer than a whole phase on a loaded machine.
+    (workdir / "producing").touch()
     while (now := time.time()) - start < seconds:
         due = int((now - start) * per_rank)
         for step in range(written, due):
@@ -456,7 +459,7 @@ async def run_clients(
                 asyncio.gather(*(r.wait() for r in readies[i + 1 - RAMP_BATCH : i + 1])), 120
             )
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
-    start_producer()
+    await asyncio.to_thread(start_producer)
     go.set()
     await asyncio.gather(*tasks, tapping)
     for result in results:
@@ -480,6 +483,7 @@ def live_phase(
     producer: list[subprocess.Popen[bytes]] = []
 
     def start_producer() -> None:
+        """Start the producer and return once it produces (run off the clients' event loop)."""
         producer.append(
             procs.start(
                 [
@@ -498,6 +502,11 @@ def live_phase(
                 logs / f"producer-{clients}.log",
             )
         )
+        deadline = time.monotonic() + 120
+        while not (workdir / "producing").exists():
+            if time.monotonic() > deadline or producer[-1].poll() is not None:
+                raise RuntimeError("the producer did not start")
+            time.sleep(0.05)
 
     from console.telemetry.fanout import frame_channel
 
