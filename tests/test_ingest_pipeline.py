@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
 import redis
 from django.conf import settings
+from django.db.models import Sum
 
 from console.jobs.models import Checkpoint, Job
 from console.telemetry.anomalies import AnomalyDetector
@@ -14,7 +16,7 @@ from console.telemetry.ingest.cursor import StreamCursor
 from console.telemetry.ingest.decoding import decode_entries
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.ingest.storage import MetricBatch, store_read
-from console.telemetry.models import Event, LogLine, Metric
+from console.telemetry.models import Event, LogLine, Metric, MetricRollup
 from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
@@ -145,3 +147,26 @@ def test_unknown_jobs_and_malformed_entries_are_acked_and_dropped(client: redis.
 
     assert pending(client) == 0
     assert list(Metric.objects.values_list("job_id", "step", "name", "value")) == [(job.pk, 5, "loss", 0.25)]
+
+
+def test_a_batch_sent_again_is_stored_once_without_a_failed_write(
+    client: redis.Redis, job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given points already stored
+    first = batch(job.pk, metric_records(range(0, 100), {"loss": lambda s: float(s)}))
+    xadd(client, first)
+    with ingest_loop(client, "again") as loop:
+        loop.drain()
+
+        # When the agent sends the same batch again (its XADD reply was lost), with new points
+        xadd(client, first)
+        xadd(client, batch(job.pk, metric_records(range(100, 150), {"loss": lambda s: float(s)})))
+        loop.drain()
+
+    # Then each point is stored and counted in its tile once, and no write failed on the way
+    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(150))
+    assert MetricRollup.objects.filter(job=job).aggregate(n=Sum("count"))["n"] == 150
+    assert not [
+        r for r in caplog.records if r.name.startswith("console.telemetry") and r.levelno >= logging.WARNING
+    ]
+    assert pending(client) == 0

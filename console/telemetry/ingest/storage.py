@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.db import IntegrityError, connection, transaction
 
 from console.core.states import JobState
@@ -186,7 +187,8 @@ def store_metrics(batch: MetricBatch, *, replay: bool) -> list[MetricRow]:
         try:
             with transaction.atomic():  # a savepoint: a failed COPY leaves the transaction usable
                 _copy(METRIC_COPY, batch.data)
-        except IntegrityError:
+        except (IntegrityError, psycopg.errors.UniqueViolation):
+            # (COPY runs on psycopg's own cursor: its errors come unwrapped by Django.)
             log.info("a first delivery repeats stored points (an agent re-sent a batch); deduplicating")
         else:
             upsert_tiles(batch.tiles)
