@@ -230,6 +230,8 @@ class RateIngest:
             [sys.executable, "manage.py", "ingest", "--consumer", "bench-rate"], env, logs / "ingest-rate.log"
         )
         self.pids: list[int] = []
+        # Per rep: CPU seconds per point of the ingest process, and of its PostgreSQL backends.
+        self.split: list[tuple[float, float]] = []
 
     def acked(self) -> int:
         import redis
@@ -253,7 +255,7 @@ class RateIngest:
         for payload in payloads:
             pipe.xadd(TELEMETRY_STREAM, {"batch": payload})
         pipe.execute()
-        samples: list[tuple[float, int, float]] = []
+        samples: list[tuple[float, int, float, float]] = []
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             acked = self.acked() - base
@@ -261,15 +263,16 @@ class RateIngest:
             if acked > 0:
                 if not self.pids:  # by its first commit, ingest holds both of its connections
                     self.pids = [self.proc.pid, *backends_of(self.proc.pid, self.database_url)]
-                samples.append((now, acked, cpu_of(self.pids)))
+                samples.append((now, acked, cpu_of(self.pids[:1]), cpu_of(self.pids[1:])))
             if acked >= len(payloads):
                 break
             time.sleep(0.02)
         if len(samples) < 2:
             raise RuntimeError("ingest made no progress")
-        (t0, a0, c0), (t1, a1, c1) = samples[0], samples[-1]
+        (t0, a0, p0, b0), (t1, a1, p1, b1) = samples[0], samples[-1]
         points = (a1 - a0) * RATE_RECORDS_PER_BATCH * len(RATE_VALUES)
-        return points / (t1 - t0), (c1 - c0) / points
+        self.split.append(((p1 - p0) / points, (b1 - b0) / points))
+        return points / (t1 - t0), (p1 - p0 + b1 - b0) / points
 
 
 def bench_raw_copy(data: bytes, rows: int, database_url: str) -> tuple[float, float]:
@@ -353,6 +356,8 @@ def rate_phase(
         "ingest_copy_cpu_ratio": round(statistics.median(cpu_ratios), 3),
         "ingest_copy_cpu_ratio_range": [round(min(cpu_ratios), 3), round(max(cpu_ratios), 3)],
         "ingest_cpu_us_per_point": round(statistics.median(ingest_cpu) * 1e6, 2),
+        "ingest_process_cpu_us_per_point": round(statistics.median(p for p, _ in ingest.split) * 1e6, 2),
+        "ingest_backend_cpu_us_per_point": round(statistics.median(b for _, b in ingest.split) * 1e6, 2),
         "raw_copy_cpu_us_per_row": round(statistics.median(copy_cpu) * 1e6, 2),
         "rate_load_avg_1m": round(statistics.median(loads), 1),
     }
@@ -838,6 +843,8 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
         "ingest_copy_cpu_ratio",
         "ingest_copy_cpu_ratio_range",
         "ingest_cpu_us_per_point",
+        "ingest_process_cpu_us_per_point",
+        "ingest_backend_cpu_us_per_point",
         "raw_copy_cpu_us_per_row",
         "rate_load_avg_1m",
         "latency_p50_ms",
