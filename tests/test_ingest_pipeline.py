@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
 import redis
 from django.conf import settings
+from django.db.models import Sum
 
 from console.jobs.models import Checkpoint, Job
-from console.telemetry.ingest import Decoded, Ingestor, Pipeline, decode_batch
-from console.telemetry.models import Event, LogLine, Metric
-from console.telemetry.testing import batch, metric_records, xadd
+from console.telemetry.anomalies import AnomalyDetector
+from console.telemetry.ingest.cursor import StreamCursor
+from console.telemetry.ingest.decoding import decode_entries
+from console.telemetry.ingest.loop import IngestLoop
+from console.telemetry.ingest.storage import MetricBatch, store_read
+from console.telemetry.models import Event, LogLine, Metric, MetricRollup
+from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,11 +35,6 @@ def client() -> Iterator[redis.Redis]:
 @pytest.fixture
 def job() -> Job:
     return Job.objects.create(name="ingest", workload="mlp", round_number=1)
-
-
-def drain(ingestor: Ingestor) -> None:
-    while ingestor.run_once(block_ms=10):
-        pass
 
 
 def pending(client: redis.Redis) -> int:
@@ -65,14 +66,19 @@ def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job
             ],
         ),
     )
-    ingestor = Ingestor(client, "test")
-    ingestor.ensure_group()
+    loop = IngestLoop(client, "test")
 
     # When ingest drains the stream
-    drain(ingestor)
+    loop.drain()
 
     # Then every point is stored once, the other records became rows, and nothing is pending
     assert Metric.objects.filter(job=job).count() == 2 * 50 * 2
+    # with the time each record carries, to the microsecond
+    sent = {r["step"]: r["t"] for r in metric_records(range(0, 1), t0=1_700_000_000.123456)}
+    xadd(client, batch(job.pk, metric_records(range(0, 1), {"t_check": 1.0}, t0=sent[0])))
+    loop.drain()
+    stamp = Metric.objects.get(job=job, name="t_check").time
+    assert stamp.timestamp() == pytest.approx(sent[0], abs=1e-6) and stamp.microsecond == 123456
     assert sorted(Metric.objects.filter(job=job, rank=1, name="lr").values_list("step", flat=True)) == list(
         range(50)
     )
@@ -95,29 +101,25 @@ def test_records_become_rows_and_entries_are_acked(client: redis.Redis, job: Job
 
     # and acked entries are trimmed from the stream, unread ones never
     xadd(client, batch(job.pk, metric_records(range(50, 60))))
-    ingestor.maybe_trim(force=True)
+    loop.cursor.maybe_trim(force=True)
     assert client.xlen(TELEMETRY_STREAM) == 2  # the last delivered entry and the unread one
-    drain(ingestor)
-    assert Metric.objects.filter(job=job).count() == 2 * 50 * 2 + 10 * 1
+    loop.drain()
+    loop.close()
+    assert Metric.objects.filter(job=job).exclude(name="t_check").count() == 2 * 50 * 2 + 10 * 1
 
 
 def test_replayed_entries_store_nothing_twice(client: redis.Redis, job: Job) -> None:
     # Given entries that were stored but whose ack was lost (the ingest crashed after commit)
     xadd(client, batch(job.pk, metric_records(range(100))))
     xadd(client, batch(job.pk, [{"kind": "event", "seq": 7, "t": 1.0, "event": "note", "message": "m"}]))
-    first = Ingestor(client, "crashy")
-    first.ensure_group()
-    entries = first.read(block_ms=10)
-    decoded_count = len(entries)
-    decoded = Decoded()
-    for _, fields in entries:
-        decode_batch(fields[b"batch"], decoded)
-    first.store(decoded)
-    assert pending(client) == decoded_count
+    read = StreamCursor(client, "crashy").read(block_ms=10)
+    decoded = decode_entries(read.entries)
+    store_read(decoded, MetricBatch.of(decoded.metrics), replay=read.replay, detector=AnomalyDetector())
+    assert pending(client) == len(read.entries) == 2
 
     # When a new ingest with the same consumer name starts
-    second = Ingestor(client, "crashy")
-    drain(second)
+    with ingest_loop(client, "crashy") as second:
+        second.drain()
 
     # Then the pending entries were read again and acked, with no duplicate rows or events
     assert pending(client) == 0
@@ -140,43 +142,31 @@ def test_unknown_jobs_and_malformed_entries_are_acked_and_dropped(client: redis.
             ],
         ),
     )
-    ingestor = Ingestor(client, "test")
-    ingestor.ensure_group()
-    drain(ingestor)
+    with ingest_loop(client, "test") as loop:
+        loop.drain()
 
     assert pending(client) == 0
     assert list(Metric.objects.values_list("job_id", "step", "name", "value")) == [(job.pk, 5, "loss", 0.25)]
 
 
-def test_failed_write_leaves_it_and_everything_queued_behind_it_pending(
-    client: redis.Redis, job: Job
+def test_a_batch_sent_again_is_stored_once_without_a_failed_write(
+    client: redis.Redis, job: Job, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given three entries decoded ahead of the writer, the second for a job deleted meanwhile
-    doomed = Job.objects.create(name="doomed", workload="mlp", round_number=1)
-    xadd(client, batch(job.pk, metric_records(range(0, 10))))
-    xadd(client, batch(doomed.pk, [{"kind": "log", "seq": 1, "t": 1.0, "stream": "stdout", "text": "x"}]))
-    xadd(client, batch(job.pk, metric_records(range(10, 20))))
-    ingestor = Ingestor(client, "pipelined")
-    ingestor.ensure_group()
-    entries = ingestor.read(block_ms=10)
-    prepared = [ingestor.prepare([entry], replay=False) for entry in entries]
-    Job.objects.filter(pk=doomed.pk).delete()
+    # Given points already stored
+    first = batch(job.pk, metric_records(range(0, 100), {"loss": lambda s: float(s)}))
+    xadd(client, first)
+    with ingest_loop(client, "again") as loop:
+        loop.drain()
 
-    # When the writer stores them in order
-    pipeline = Pipeline(ingestor)
-    for item in prepared:
-        pipeline.submit(item)
-    pipeline.queue.join()
-    error = pipeline.take_error()
-    pipeline.close()
+        # When the agent sends the same batch again (its XADD reply was lost), with new points
+        xadd(client, first)
+        xadd(client, batch(job.pk, metric_records(range(100, 150), {"loss": lambda s: float(s)})))
+        loop.drain()
 
-    # Then the first is stored and acked; the failed one and the one behind it stay pending
-    assert error is not None
-    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(10))
-    assert pending(client) == 2
-
-    # and re-reading the backlog finishes them: the deleted job's entry is dropped, the rest stored
-    ingestor.restart_backlog()
-    drain(ingestor)
+    # Then each point is stored and counted in its tile once, and no write failed on the way
+    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(150))
+    assert MetricRollup.objects.filter(job=job).aggregate(n=Sum("count"))["n"] == 150
+    assert not [
+        r for r in caplog.records if r.name.startswith("console.telemetry") and r.levelno >= logging.WARNING
+    ]
     assert pending(client) == 0
-    assert sorted(Metric.objects.filter(job=job).values_list("step", flat=True)) == list(range(20))

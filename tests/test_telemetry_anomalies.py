@@ -10,9 +10,8 @@ import redis
 from django.conf import settings
 
 from console.jobs.models import Job
-from console.telemetry.ingest import Ingestor
 from console.telemetry.models import Event, Metric
-from console.telemetry.testing import batch, metric_records, xadd
+from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,10 +34,8 @@ def job() -> Job:
 def ingest(client: redis.Redis, payloads: list[str]) -> None:
     for payload in payloads:
         xadd(client, payload)
-    ingestor = Ingestor(client, "anomaly-test")
-    ingestor.ensure_group()
-    while ingestor.run_once(block_ms=10):
-        pass
+    with ingest_loop(client, "anomaly-test") as loop:
+        loop.drain()
 
 
 def kinds(job: Job, kind: str) -> list[Event]:

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from console.jobs.models import Job
 from console.telemetry.downsample import query_series, thin_points
-from console.telemetry.ingest import store_metrics
+from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from console.telemetry.models import ROLLUP_STEPS
 
 
@@ -47,7 +47,7 @@ def series_job(transactional_db: None) -> tuple[Job, dict[tuple[int, int], float
             values[(rank, step)] = value
             rows.append((job.pk, 1, rank, step, step, "loss", value, t))
     with transaction.atomic():
-        store_metrics(rows, replay=False)
+        store_metrics(MetricBatch.of(rows), replay=False)
     return job, values
 
 
@@ -115,3 +115,20 @@ def test_metrics_api_downsamples_and_validates(
     assert set(bad.json()["errors"]) == {"points", "from"}
     backwards = api.get(f"/api/v1/jobs/{job.pk}/metrics/", {"from": 10, "to": 5})
     assert backwards.status_code == 400 and "from" in backwards.json()["errors"]
+
+
+def test_thin_points_keeps_the_extremes_of_query_series_buckets(
+    series_job: tuple[Job, dict[tuple[int, int], float]],
+) -> None:
+    # Given a stored series and the same points in memory (rank 0, every other step)
+    job, values = series_job
+    points = sorted((step, v) for (rank, step), v in values.items() if rank == 0)
+
+    # When the API's query and the live frames' thinning cut it into the same number of buckets
+    buckets = query_series(job.pk, "loss", points=300, rank=0)
+    thinned = thin_points(points, 2 * 300 + 1)
+
+    # Then every bucket's min and max from SQL is among the points thinning keeps, and nothing else
+    kept = {v for _, v in thinned}
+    assert {b.min for b in buckets} | {b.max for b in buckets} <= kept
+    assert len(kept - ({b.min for b in buckets} | {b.max for b in buckets})) <= 1  # the newest point

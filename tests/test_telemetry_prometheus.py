@@ -14,8 +14,8 @@ from django.test import Client
 from console.api.models import ApiToken
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Job
-from console.telemetry.ingest import STATS_KEY, Ingestor
-from console.telemetry.testing import batch, metric_records, xadd
+from console.telemetry.ingest.stats import STATS_KEY
+from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,14 +48,12 @@ def test_metrics_exposition(stream: redis.Redis, viewer: User) -> None:
     # Ingest consumed 3 entries and left 2 pending (read, not acked).
     for i in range(3):
         xadd(stream, batch(job.pk, metric_records(range(i * 10, i * 10 + 10))))
-    ingestor = Ingestor(stream, "prom")
-    ingestor.ensure_group()
-    ingestor.run_once(block_ms=10)
-    ingestor.maybe_report_stats(force=True)
-    xadd(stream, batch(job.pk, metric_records(range(100, 110))))
-    xadd(stream, batch(job.pk, metric_records(range(110, 120))))
-    ingestor.backlog = False
-    assert len(ingestor.read(block_ms=10)) == 2
+    with ingest_loop(stream, "prom") as loop:
+        loop.drain()
+        loop.stats.maybe_report(force=True)
+        xadd(stream, batch(job.pk, metric_records(range(100, 110))))
+        xadd(stream, batch(job.pk, metric_records(range(110, 120))))
+        assert len(loop.cursor.read(block_ms=10).entries) == 2
 
     anonymous = Client().get("/metrics")
     assert anonymous.status_code in (401, 403)

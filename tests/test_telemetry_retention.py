@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from console.jobs.models import Job
 from console.telemetry.downsample import query_series
-from console.telemetry.ingest import store_metrics
+from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from console.telemetry.models import LogLine, Metric, MetricRollup
 from console.telemetry.tasks import rollup
 
@@ -37,9 +37,9 @@ def test_old_points_leave_tiles_and_queries_still_see_them() -> None:
         for step in range(1500)
     ]
     with transaction.atomic():
-        store_metrics(rows, replay=False)
+        store_metrics(MetricBatch.of(rows), replay=False)
         # a replayed batch must not count twice in the tiles
-        store_metrics(rows[:300], replay=True)
+        store_metrics(MetricBatch.of(rows[:300]), replay=True)
     LogLine.objects.create(
         job=job, round_number=1, rank=0, seq=1, text="old", time=datetime.now(UTC) - timedelta(days=5)
     )

@@ -19,7 +19,8 @@ from django.contrib.auth.models import User
 from console.asgi import application
 from console.jobs.models import Job
 from console.telemetry.fanout import BUSY_VIEWERS, FrameHub, busy_key, frame_channel, get_hub
-from console.telemetry.ingest import Broadcaster, Ingestor
+from console.telemetry.ingest.broadcast import Broadcaster
+from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.testing import batch, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
@@ -77,16 +78,15 @@ def test_every_viewer_gets_every_frame_in_order_from_one_subscription(
         assert subscribers(stream, channel) == 1
 
         broadcaster = Broadcaster()
-        ingestor = Ingestor(stream, "fanout-test", broadcaster=broadcaster)
 
         def ingest_frames() -> None:
-            ingestor.ensure_group()
+            loop = IngestLoop(stream, "fanout-test", sink=broadcaster)
             for k in range(FRAMES):
                 steps = range(k * STEPS_PER_FRAME, (k + 1) * STEPS_PER_FRAME)
                 xadd(stream, batch(job.pk, metric_records(steps, {"loss": lambda s: float(s)})))
-                while ingestor.run_once(block_ms=10):
-                    pass
-                ingestor.maybe_flush(force=True)
+                loop.drain()
+                loop.flush_frames(force=True)
+            loop.close()
 
         await database_sync_to_async(ingest_frames)()
         await asyncio.get_running_loop().run_in_executor(None, broadcaster.close)
@@ -226,21 +226,19 @@ def test_many_viewers_flag_the_job_busy_and_ingest_then_sends_fewer_frames(
 
     # Ingest, told the job is busy, holds a frame back within the busy interval (the points are
     # not lost: the next frame carries them), and numbers frames without gaps.
-    monkeypatch.setattr("console.telemetry.ingest.BUSY_FRAME_INTERVAL", 60.0)
+    monkeypatch.setattr("console.telemetry.ingest.frames.BUSY_FRAME_INTERVAL", 60.0)
     db = int(stream.connection_pool.connection_kwargs.get("db") or 0)
     listener = stream.pubsub(ignore_subscribe_messages=True)
     listener.subscribe(frame_channel(job.pk, db))
     broadcaster = Broadcaster()
-    ingestor = Ingestor(stream, "busy-test", broadcaster=broadcaster, frame_interval=0.0)
-    ingestor.ensure_group()
+    loop = IngestLoop(stream, "busy-test", sink=broadcaster, frame_interval=0.0)
     try:
         published: list[dict[str, Any]] = []
 
         def ingest(steps: range, force: bool = False) -> None:
             xadd(stream, batch(job.pk, metric_records(steps, {"loss": lambda s: float(s)})))
-            while ingestor.run_once(block_ms=10):
-                pass
-            ingestor.maybe_flush(force=force)
+            loop.drain()
+            loop.flush_frames(force=force)
 
         def drain(until: int) -> None:
             deadline = time.monotonic() + 5
@@ -263,6 +261,7 @@ def test_many_viewers_flag_the_job_busy_and_ingest_then_sends_fewer_frames(
         assert [s for s, _ in published[1]["series"]["loss"]][-1] == 39
         assert published[1]["series"]["loss"][0][0] == 10
     finally:
+        loop.close()
         broadcaster.close()
         listener.close()
         stream.delete(key)

@@ -17,9 +17,10 @@ from django.contrib.auth.models import User
 from console.asgi import application
 from console.jobs.models import Job
 from console.telemetry.events import emit
-from console.telemetry.ingest import FRAME_POINTS, Broadcaster, Ingestor
+from console.telemetry.ingest.broadcast import Broadcaster
+from console.telemetry.ingest.frames import FRAME_POINTS
 from console.telemetry.models import Event
-from console.telemetry.testing import batch, metric_records, session_cookie, xadd
+from console.telemetry.testing import batch, ingest_loop, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -132,13 +133,10 @@ def test_live_frames_are_coalesced_and_display_sized(job: Job, cookie: str, stre
         assert (await comm.connect())[0]
         assert (await receive(comm))["type"] == "state"
         broadcaster = Broadcaster()
-        ingestor = Ingestor(stream, "ws-test", broadcaster=broadcaster)
 
         def ingest_all() -> None:
-            ingestor.ensure_group()
-            while ingestor.run_once(block_ms=10):
-                pass
-            ingestor.maybe_flush(force=True)
+            with ingest_loop(stream, "ws-test", sink=broadcaster) as loop:
+                loop.drain()
 
         await database_sync_to_async(ingest_all)()
         await asyncio.get_running_loop().run_in_executor(None, broadcaster.close)

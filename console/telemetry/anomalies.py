@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ GRAD_NORM_NAME = "grad_norm"
 STEP_TIME_NAMES = ("step_time", "step_time_s")
 THROUGHPUT_NAMES = ("throughput", "samples_per_s")
 WATCHED_NAMES = (LOSS_NAME, GRAD_NORM_NAME, *STEP_TIME_NAMES, *THROUGHPUT_NAMES)
+_WATCHED = frozenset(WATCHED_NAMES)
 
 # A gradient norm above this multiple of the rolling median is a spike.
 GRAD_SPIKE_FACTOR = 10.0
@@ -115,9 +117,28 @@ class AnomalyDetector:
         self._last: tuple[tuple[int, int], RoundState] | None = None
 
     def forget_job(self, job_id: int) -> None:
+        """Drop a job's state (ingest calls this once the job has ended)."""
         for key in [k for k in self.rounds if k[0] == job_id]:
             del self.rounds[key]
         self._last = None
+
+    def jobs(self) -> set[int]:
+        """The jobs some state is kept for."""
+        return {job_id for job_id, _ in self.rounds}
+
+    def observe_rows(
+        self, rows: Iterable[tuple[int, int, int, int, int, str, float, float]]
+    ) -> list[Anomaly]:
+        """``observe`` for stored metric rows (job, round, rank, seq, step, name, value, t), in
+        order; rows of names no detector watches are skipped at the cost of a set lookup."""
+        found = []
+        watched = _WATCHED
+        for job_id, round_number, rank, _seq, step, name, value, t in rows:
+            if name in watched:
+                anomaly = self.observe(job_id, round_number, rank, step, name, value, t)
+                if anomaly is not None:
+                    found.append(anomaly)
+        return found
 
     def observe(
         self, job_id: int, round_number: int, rank: int, step: int, name: str, value: float, t: float

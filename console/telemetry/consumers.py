@@ -22,7 +22,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from console.core.roles import can_view
 from console.jobs.models import Job, job_summary
-from console.telemetry.downsample import finite_or_none
+from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import CLUSTER_GROUP, event_payload, job_group
 from console.telemetry.fanout import Viewer, get_hub
 from console.telemetry.models import Event, Metric
@@ -37,7 +37,7 @@ MAX_JOB_ID = 2**63 - 1  # the URL accepts any digits; larger ids cannot exist (b
 MAX_CLIENT_MESSAGE = 1024
 # Backlog events are sent in pages so a long-lived job's history does not sit in memory at once.
 BACKLOG_PAGE = 500
-# Points per series in the frame sent on resume (display-sized, as live frames are).
+# Points per series in the frame sent on resume (display-sized and thinned as live frames are).
 RESUME_FRAME_POINTS = 100
 
 
@@ -184,16 +184,18 @@ class JobConsumer(TelemetryConsumer):
             .order_by("-id")
             .values_list("name", "step", "value", "round_number")[: RESUME_FRAME_POINTS * 10]
         )
-        series: dict[str, list[list[Any]]] = {}
+        series: dict[str, list[tuple[int, float]]] = {}
         round_number = 0
         for name, step, value, rnd in reversed(rows):
-            points = series.setdefault(name, [])
-            points.append([step, finite_or_none(value)])
+            series.setdefault(name, []).append((step, value))
             round_number = max(round_number, rnd)
         if not series:
             return None
-        trimmed = {name: pts[-RESUME_FRAME_POINTS:] for name, pts in series.items()}
-        return {"type": "metrics", "series": trimmed, "round": round_number, "recent": True}
+        thinned = {
+            name: [[step, finite_or_none(value)] for step, value in thin_points(points, RESUME_FRAME_POINTS)]
+            for name, points in series.items()
+        }
+        return {"type": "metrics", "series": thinned, "round": round_number, "recent": True}
 
     async def _send_event(self, payload: dict[str, Any]) -> None:
         seq = payload["seq"]
@@ -214,12 +216,9 @@ class JobConsumer(TelemetryConsumer):
         await self.send_json({"type": "state", "job": message["job"]})
 
     async def job_frame(self, message: dict[str, Any]) -> None:
-        # Already client JSON (ingest serialises a frame once for all viewers). Metric frames
-        # arrive through the FrameHub; log tails still come this way.
-        if "metrics" in message:
-            await self.send(text_data=message["metrics"])
-        if "log" in message:
-            await self.send(text_data=message["log"])
+        # A log tail, already client JSON (ingest serialises a frame once for all viewers).
+        # Metric frames arrive through the FrameHub instead.
+        await self.send(text_data=message["log"])
 
 
 class ClusterConsumer(TelemetryConsumer):

@@ -7,6 +7,7 @@ disappears from a chart because it fell between two drawn points.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,26 +27,43 @@ def finite_or_none(value: float | None) -> float | None:
     return value
 
 
-def thin_points(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]]:
-    """At most ``limit`` points of ``points`` (ordered by arrival): per bucket the lowest and the
-    highest, in step order, and always the newest point so a live chart shows the latest value."""
+def thin_points(points: Sequence[tuple[int, float]], limit: int) -> list[tuple[int, float]]:
+    """The one way a series of (step, value) points is thinned for drawing, used by the job page,
+    the websocket's resume frame and ingest's live frames: at most ``limit`` points. Steps are cut
+    into equal-width buckets, as ``query_series`` cuts them in SQL, and each bucket keeps its
+    lowest and its highest point, so a spike or a NaN (counted as the most extreme value) never
+    falls between two drawn points. The last point (the newest) is always kept. Returned in step
+    order; a series within ``limit`` comes back whole."""
     if len(points) <= limit:
-        return points
+        return list(points)
     buckets = max(1, (limit - 1) // 2)
-    size = math.ceil(len(points) / buckets)
-    out: list[tuple[int, float]] = []
-    for start in range(0, len(points), size):
-        chunk = points[start : start + size]
-        # NaN compares false with everything; treat it as the most extreme value so it shows.
-        lo = min(chunk, key=lambda p: p[1] if not math.isnan(p[1]) else -math.inf)
-        hi = max(chunk, key=lambda p: p[1] if not math.isnan(p[1]) else math.inf)
-        pair = sorted({lo, hi}, key=lambda p: p[0])
-        out.extend(pair)
-    if out[-1] != points[-1]:
-        out.append(points[-1])
+    lo = min(step for step, _ in points)
+    span = max(step for step, _ in points) - lo + 1
+    extremes: dict[int, tuple[tuple[int, float], tuple[int, float]]] = {}
+    for point in points:
+        index = (point[0] - lo) * buckets // span
+        kept = extremes.get(index)
+        if kept is None:
+            extremes[index] = (point, point)
+            continue
+        low, high = kept
+        if _rank(point[1], -math.inf) < _rank(low[1], -math.inf):
+            low = point
+        if _rank(point[1], math.inf) > _rank(high[1], math.inf):
+            high = point
+        extremes[index] = (low, high)
+    out = sorted({p for pair in extremes.values() for p in pair}, key=lambda p: p[0])
+    newest = points[-1]
+    if newest not in out:
+        out.append(newest)
     while len(out) > limit:
         del out[-2]
     return out
+
+
+def _rank(value: float, nan_as: float) -> float:
+    # NaN compares false with everything; treat it as the most extreme value so it shows.
+    return nan_as if math.isnan(value) else value
 
 
 @dataclass(frozen=True)
@@ -82,8 +100,6 @@ def series_names(job_id: int) -> list[str]:
         )
         SELECT name FROM names WHERE name IS NOT NULL
     """
-    if connection.vendor != "postgresql":
-        sql = "SELECT DISTINCT name FROM telemetry_metricrollup WHERE job_id = %(job)s ORDER BY name"
     with connection.cursor() as cur:
         cur.execute(sql, {"job": job_id})
         return [row[0] for row in cur.fetchall()]

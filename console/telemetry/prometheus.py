@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from console.cluster.models import Gpu, Node
 from console.core.states import JobState, NodeState
 from console.jobs.models import Job
-from console.telemetry.ingest import STATS_KEY
+from console.telemetry.ingest.stats import STATS_KEY
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 # An ingest consumer that has not reported for this long no longer counts towards the rate.

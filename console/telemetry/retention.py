@@ -38,11 +38,8 @@ class RetentionResult:
 def delete_old_points(cutoff: datetime) -> int:
     deleted = 0
     while True:
-        sql = DELETE_METRICS_SQL
-        if connection.vendor != "postgresql":
-            sql = sql.replace("FOR UPDATE SKIP LOCKED", "")
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(sql, {"cutoff": cutoff, "batch": METRIC_DELETE_BATCH})
+            cur.execute(DELETE_METRICS_SQL, {"cutoff": cutoff, "batch": METRIC_DELETE_BATCH})
             count = cur.rowcount
         deleted += count
         if count < METRIC_DELETE_BATCH:

@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
 
+from console.telemetry.ingest.loop import IngestLoop
 from workers.protocol import TELEMETRY_STREAM
 
 
@@ -142,3 +145,13 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+@contextmanager
+def ingest_loop(client: redis.Redis, consumer: str, **options: Any) -> Iterator[IngestLoop]:
+    """The ingest loop of ``manage.py ingest``, in this process; its writer thread ends on exit."""
+    loop = IngestLoop(client, consumer, **options)
+    try:
+        yield loop
+    finally:
+        loop.close()
