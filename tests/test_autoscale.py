@@ -22,7 +22,7 @@ def test_elastic_job_grows_when_capacity_frees_up(cluster: Cluster) -> None:
     assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
     assert list(job.rounds.order_by("number").values_list("reason", flat=True)) == [
         RoundReason.START,
-        RoundReason.SCALE,
+        RoundReason.AUTOSCALE,
     ]
     assert job.restarts == 0
     assert_resumes_from_checkpoints(cluster.progress(job), every=5, total=300)
