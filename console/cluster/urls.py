@@ -1,3 +1,5 @@
+"""URLs of the node API (/api/v1/nodes/)."""
+
 from rest_framework.routers import SimpleRouter
 
 from console.cluster.api import NodeViewSet

@@ -79,6 +79,8 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
             nproc=job.nproc_per_node,
             gpu_indices=list(place.gpus),
         )
+    # A round that already ended (the job waited in the queue since) had its ranks stopped then.
+    still_running = previous is not None and previous.ended_at is None
     if previous is not None:
         end_round(previous, RoundOutcome.REPLACED)
     job.set_state(plan.reason.job_state)
@@ -87,7 +89,7 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
         job.started_at = timezone.now()
     job.save(update_fields=["state", "round_number", "started_at", "restarts"])
 
-    if previous is not None:
+    if previous is not None and still_running:
         grace = 0.0 if plan.stop_at_once else job.grace_period
         _stop_on(job, previous, plan.stop, grace)
     for alloc in rnd.allocations.select_related("node"):

@@ -1,3 +1,5 @@
+"""URLs of the job API (/api/v1/jobs/)."""
+
 from rest_framework.routers import SimpleRouter
 
 from console.jobs.api import JobViewSet
