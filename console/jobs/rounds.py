@@ -9,6 +9,7 @@ commands once it commits, emit events.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -154,7 +155,7 @@ def send_stop(node: Node, job_id: int, number: int, grace_period: float) -> None
     )
 
 
-def _stop_on(job: Job, rnd: Round, node_ids: Any, grace_period: float) -> None:
+def _stop_on(job: Job, rnd: Round, node_ids: Iterable[int], grace_period: float) -> None:
     wanted = set(node_ids)
     for alloc in rnd.allocations.select_related("node").order_by("node_rank"):
         if alloc.node_id in wanted:
