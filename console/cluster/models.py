@@ -1,6 +1,8 @@
+"""The cluster inventory: nodes (hosts running an agent) and their GPUs."""
+
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
@@ -30,7 +32,6 @@ class Node(models.Model):
     agent_session = models.CharField(
         max_length=64, blank=True, help_text="Changes each time the agent starts"
     )
-    labels = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -51,6 +52,11 @@ class Node(models.Model):
     @property
     def queue(self) -> str:
         return f"node.{self.name}"
+
+    @classmethod
+    def mark_seen(cls, name: str, at: datetime) -> None:
+        """Any report from a node's agent proves its host is alive, like a heartbeat."""
+        cls.objects.filter(name=name).update(last_heartbeat=at)
 
     def heartbeat_overdue(self) -> bool:
         if self.last_heartbeat is None:

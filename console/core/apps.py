@@ -1,3 +1,5 @@
+"""The Django app config."""
+
 from django.apps import AppConfig
 
 

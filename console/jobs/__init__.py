@@ -1,0 +1,1 @@
+"""Jobs: the job API, operator actions, membership planning and rounds, failures, scheduling."""

@@ -1,4 +1,4 @@
-"""REST API for jobs and nodes (/api/v1/). Views parse input and call one action in control."""
+"""REST API for jobs (/api/v1/jobs/). Views parse input and call one action in console/jobs/actions.py."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.errors import Conflict
-from console.cluster import actions as node_actions
-from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
-from console.jobs import control
+from console.jobs import actions
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -305,9 +303,9 @@ def _control(call: Any, *args: Any) -> Job:
         return call(*args)
     except Job.DoesNotExist:
         raise Http404("No such job.") from None
-    except control.InvalidRequest as exc:
+    except actions.InvalidRequest as exc:
         raise serializers.ValidationError({"nodes": [str(exc)]}) from None
-    except control.ControlError as exc:
+    except actions.ControlError as exc:
         raise Conflict(str(exc)) from None
 
 
@@ -329,7 +327,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def create(self, request: Request) -> Response:
         spec = JobSpecSerializer(data=request.data)
         spec.is_valid(raise_exception=True)
-        job = control.submit_job(spec.to_job(request.user), request.user)
+        job = actions.submit_job(spec.to_job(request.user), request.user)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=ResizeSerializer, responses={200: JobDetailSerializer})
@@ -337,19 +335,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def resize(self, request: Request, pk: str) -> Response:
         body = ResizeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        job = _control(control.resize_job, self._id(pk), body.validated_data["nodes"], request.user)
+        job = _control(actions.resize_job, self._id(pk), body.validated_data["nodes"], request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str) -> Response:
-        job = _control(control.restart_job, self._id(pk), request.user)
+        job = _control(actions.restart_job, self._id(pk), request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str) -> Response:
-        job = _control(control.stop_job, self._id(pk), request.user)
+        job = _control(actions.stop_job, self._id(pk), request.user)
         return Response(JobDetailSerializer(job).data)
 
     @staticmethod
@@ -357,54 +355,3 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if not str(pk).isdigit():
             raise Http404("No such job.")
         return int(pk)
-
-
-class GpuSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Gpu
-        fields = ["index", "name", "uuid", "memory_bytes", "utilization", "memory_used_bytes"]
-
-
-class NodeSerializer(serializers.ModelSerializer):
-    gpus = GpuSerializer(many=True, read_only=True)
-
-    class Meta:
-        model = Node
-        fields = [
-            "id",
-            "name",
-            "hostname",
-            "address",
-            "state",
-            "cpus",
-            "memory_bytes",
-            "slots",
-            "cpu_percent",
-            "memory_percent",
-            "agent_version",
-            "torch_version",
-            "last_heartbeat",
-            "registered_at",
-            "gpus",
-        ]
-        read_only_fields = fields
-
-
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
-    permission_classes = [IsOperatorOrReadOnly]
-    serializer_class = NodeSerializer
-    queryset = Node.objects.prefetch_related("gpus").order_by("name")
-
-    @extend_schema(request=None, responses={200: NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def drain(self, request: Request, pk: str) -> Response:
-        node = self.get_object()
-        node = node_actions.drain_node(node.pk, request.user)
-        return Response(NodeSerializer(node).data)
-
-    @extend_schema(request=None, responses={200: NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def undrain(self, request: Request, pk: str) -> Response:
-        node = self.get_object()
-        node = node_actions.undrain_node(node.pk, request.user)
-        return Response(NodeSerializer(node).data)

@@ -1,3 +1,5 @@
+"""URLs of the bundle API (/api/v1/bundles/)."""
+
 from django.urls import path, re_path
 
 from console.jobs.bundle_api import BundleArchive, BundleDetail, BundleListCreate

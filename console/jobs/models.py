@@ -1,3 +1,5 @@
+"""Jobs and their life on the cluster: jobs, rounds, allocations, checkpoints, code bundles."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +9,21 @@ from django.db import models
 from django.db.models import F, Q
 
 from console.cluster.models import Node
-from console.core.states import JobState
+from console.core.states import AllocationState, JobState, RoundOutcome, RoundReason
+
+__all__ = [
+    "Allocation",
+    "AllocationState",
+    "Bundle",
+    "Checkpoint",
+    "Job",
+    "Precision",
+    "Round",
+    "RoundOutcome",
+    "RoundReason",
+    "Strategy",
+    "job_summary",
+]
 
 
 class Strategy(models.TextChoices):
@@ -92,6 +108,11 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk})"
 
+    @classmethod
+    def lock(cls, job_id: int) -> Job:
+        """The job's row, locked for the rest of the transaction (the controller's decisions)."""
+        return cls.objects.select_for_update(of=("self",)).select_related("bundle").get(pk=job_id)
+
     @property
     def job_state(self) -> JobState:
         return JobState(self.state)
@@ -119,16 +140,6 @@ class Job(models.Model):
         return self.rounds.filter(number=self.round_number).first()
 
 
-class RoundReason(models.TextChoices):
-    START = "start"
-    RESIZE = "resize"
-    RESTART = "restart"
-    FAILURE = "failure"
-    NODE_LOSS = "node_loss"
-    SCALE = "scale"
-    RESUME = "resume"
-
-
 class Round(models.Model):
     """A fixed membership of a job: which nodes, their ranks, world size, master address."""
 
@@ -142,11 +153,17 @@ class Round(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     first_step_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=32, blank=True)
+    outcome = models.CharField(
+        max_length=32, blank=True, choices=RoundOutcome.choices, default=RoundOutcome.OPEN
+    )
     failed_at = models.DateTimeField(
         null=True, blank=True, help_text="When its first rank failure was reported"
     )
     failure = models.JSONField(default=dict, blank=True, help_text="The first failing rank and its error")
+    awaiting_settlement = models.BooleanField(
+        default=False,
+        help_text="A rank failed; the controller has not yet decided what it costs the job",
+    )
 
     class Meta:
         ordering = ["job", "number"]
@@ -162,13 +179,16 @@ class Round(models.Model):
     def __str__(self) -> str:
         return f"job {self.job_id} round {self.number}"
 
+    @property
+    def round_outcome(self) -> RoundOutcome:
+        return RoundOutcome(self.outcome)
 
-class AllocationState(models.TextChoices):
-    ASSIGNED = "ASSIGNED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
+    def set_outcome(self, new: RoundOutcome) -> None:
+        """End with ``new``; raises IllegalTransition when the round already ended otherwise."""
+        if self.outcome == new:
+            return
+        self.round_outcome.check_transition(new)
+        self.outcome = new
 
 
 class Allocation(models.Model):
@@ -194,8 +214,19 @@ class Allocation(models.Model):
         return f"{self.round} node {self.node.name} rank {self.node_rank}"
 
     @property
+    def allocation_state(self) -> AllocationState:
+        return AllocationState(self.state)
+
+    @property
     def is_live(self) -> bool:
-        return self.state in (AllocationState.ASSIGNED, AllocationState.RUNNING)
+        return self.allocation_state.is_live
+
+    def set_state(self, new: AllocationState) -> None:
+        """Move to ``new``; raises IllegalTransition when the state machine forbids it."""
+        if self.state == new:
+            return
+        self.allocation_state.check_transition(new)
+        self.state = new
 
 
 class Checkpoint(models.Model):

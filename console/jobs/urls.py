@@ -1,9 +1,10 @@
+"""URLs of the job API (/api/v1/jobs/)."""
+
 from rest_framework.routers import SimpleRouter
 
-from console.jobs.api import JobViewSet, NodeViewSet
+from console.jobs.api import JobViewSet
 
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
-router.register("nodes", NodeViewSet, basename="node")
 
 urlpatterns = router.urls

@@ -1,0 +1,70 @@
+"""``change_membership``: the one entry for every change of a job's nodes.
+
+Start and resume, the operator's resize and restart, auto-scaling, preemption, drains, node
+loss and failure restarts all come here: read a snapshot, let console/jobs/planning.py choose
+the next round (survivors, order, GPUs, what stops), then apply it with console/jobs/rounds.py.
+The caller holds decision() and the job's row lock.
+"""
+
+from __future__ import annotations
+
+from console.cluster.models import Node
+from console.core.states import RoundOutcome, RoundReason
+from console.jobs.models import Job
+from console.jobs.planning import Plan, Snapshot, plan_round
+from console.jobs.rounds import Note, apply_plan
+from console.jobs.snapshot import snapshot
+from console.telemetry.models import Severity
+
+
+def change_membership(
+    job: Job,
+    reason: RoundReason,
+    *,
+    leaving: Node | None = None,
+    how: str = "",
+    target: int | None = None,
+    for_job: str = "",
+) -> Plan | None:
+    """Give ``job`` its next membership for ``reason``; returns the plan applied, or None when
+    the job stays as it is.
+
+    ``leaving`` is the node a loss or drain takes away (``how`` says what happened to it, for the
+    event); ``target`` the node count a preemption shrinks to, for the higher-priority ``for_job``.
+    """
+    snap = snapshot(job)
+    current = job.current_round()
+    plan = plan_round(
+        snap,
+        reason,
+        leaving=leaving.pk if leaving else None,
+        target=target,
+        previous_failed=current is not None and current.round_outcome is RoundOutcome.FAILED,
+    )
+    if plan is None:
+        return None
+    apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
+    return plan
+
+
+def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str) -> Note | None:
+    """The event that tells operators why the membership changed, if the round's own does not."""
+    job = snap.job
+    if plan.reason is RoundReason.NODE_LOSS and leaving is not None:
+        if plan.requeue:
+            left = len(snap.survivors(leaving.pk)) + len(snap.free_fitting(leaving.pk))
+            message = f"Node {leaving.name} {how}; {left} node(s) left, {job.min_nodes} needed"
+            return Note("job.pending", message, Severity.WARNING)
+        message = f"Node {leaving.name} {how}; continuing on {len(plan.placements)} node(s)"
+        return Note("job.node_lost", message, Severity.WARNING, node=leaving)
+    if plan.reason is RoundReason.FAILURE and plan.requeue:
+        message = f"Rank failure and only {len(snap.survivors())} node(s) available; waiting for capacity"
+        return Note("job.pending", message, Severity.WARNING)
+    if plan.reason is RoundReason.PREEMPTION:
+        message = (
+            f"Shrinking to {len(plan.placements)} node(s) to make room for higher-priority job {for_job}"
+        )
+        return Note("job.shrunk", message, Severity.WARNING)
+    if plan.reason is RoundReason.DRAIN and leaving is not None:
+        return Note("job.drained_off", f"Moving off draining node {leaving.name}", node=leaving)
+    return None

@@ -1,0 +1,225 @@
+"""Membership planning: pure functions from a snapshot of the cluster to a job's next round.
+
+No database, no ORM, no messages. Given what the controller knows, as plain dataclasses
+(console/jobs/snapshot.py builds them), these say which nodes the next round has, in which
+node-rank order, with which GPUs, why, and which ranks of the previous round stop. Applying a
+plan (rows, state, commands, events) is console/jobs/rounds.py's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from console.core.states import RoundReason
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as planning sees it, with the capacity the other jobs' live rounds leave free."""
+
+    id: int
+    name: str
+    takes_work: bool  # ONLINE: new rounds may be placed here
+    free_slots: int  # CPU rank slots
+    free_gpus: tuple[int, ...] = ()  # GPU indices, lowest first
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's shape and its current (or, while PENDING, last) round's members by node rank."""
+
+    id: int
+    name: str
+    min_nodes: int
+    max_nodes: int
+    desired_nodes: int
+    nproc_per_node: int = 1
+    gpus_per_proc: int = 0
+    priority: int = 0
+    members: tuple[int, ...] = ()
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.nproc_per_node * self.gpus_per_proc
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One job and every known node, as one decision sees them."""
+
+    job: JobView
+    nodes: Mapping[int, NodeView]
+
+    def fits(self, node: NodeView) -> bool:
+        """``node`` takes work and has room for one node's share of the job."""
+        if not node.takes_work:
+            return False
+        if self.job.gpus_per_proc:
+            return len(node.free_gpus) >= self.job.gpus_per_node
+        return node.free_slots >= self.job.nproc_per_node
+
+    def members(self) -> list[NodeView]:
+        """The current round's nodes in node-rank order."""
+        return [self.nodes[pk] for pk in self.job.members if pk in self.nodes]
+
+    def survivors(self, leaving: int | None = None) -> list[NodeView]:
+        """The current round's nodes that can stay in a new round, in node-rank order: those
+        that still take work, less ``leaving`` (a node being lost, drained or restarted)."""
+        return [n for n in self.members() if n.takes_work and n.id != leaving]
+
+    def free_fitting(self, leaving: int | None = None) -> list[NodeView]:
+        """Nodes outside the round that could join it, by name."""
+        taken = set(self.job.members)
+        candidates = (n for n in self.nodes.values() if n.id not in taken and n.id != leaving)
+        return sorted((n for n in candidates if self.fits(n)), key=lambda n: n.name)
+
+    def shortfall(self) -> int:
+        """How many more fitting nodes a PENDING job needs before it can be placed."""
+        fitting = [n for n in self.nodes.values() if self.fits(n)]
+        return max(0, self.job.min_nodes - len(fitting))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A node's place in the next round."""
+
+    node_id: int
+    node_rank: int
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The next round of a job, or (no placements) its return to the queue."""
+
+    reason: RoundReason
+    placements: tuple[Placement, ...]
+    stop: tuple[int, ...]  # nodes whose ranks of the previous round must stop
+    stop_at_once: bool  # the previous round is broken: no grace period
+    charged: bool  # counted against max_restarts
+
+    @property
+    def requeue(self) -> bool:
+        return not self.placements
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [p.node_id for p in self.placements]
+
+
+def order_members(previous: Sequence[int], chosen: Iterable[NodeView]) -> list[NodeView]:
+    """Nodes that stay keep their relative order (so node rank 0 stays put); new ones follow by name."""
+    rank = {pk: index for index, pk in enumerate(previous)}
+    chosen = list(chosen)
+    staying = sorted((n for n in chosen if n.id in rank), key=lambda n: rank[n.id])
+    joining = sorted((n for n in chosen if n.id not in rank), key=lambda n: n.name)
+    return staying + joining
+
+
+def assign_gpus(job: JobView, members: Sequence[NodeView]) -> tuple[Placement, ...]:
+    """Node ranks in order, each with the lowest free GPUs of its node (none for CPU jobs)."""
+    need = job.gpus_per_node
+    return tuple(
+        Placement(node.id, rank, tuple(node.free_gpus[:need]) if need else ())
+        for rank, node in enumerate(members)
+    )
+
+
+def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
+    """``members`` plus ``candidates`` in order until there are ``target``."""
+    grown = list(members)
+    for node in candidates:
+        if len(grown) >= target:
+            break
+        grown.append(node)
+    return grown
+
+
+def choose(
+    snap: Snapshot, reason: RoundReason, *, leaving: int | None = None, target: int | None = None
+) -> list[NodeView] | None:
+    """The next round's nodes for ``reason``: None when nothing should change, [] when the job
+    must go back to the queue. ``leaving`` is the node a loss or drain removes; ``target`` the
+    node count a preemption shrinks to."""
+    job = snap.job
+    if reason in (RoundReason.START, RoundReason.RESUME):
+        fitting = sorted((n for n in snap.nodes.values() if snap.fits(n)), key=lambda n: n.name)
+        return fitting[: job.desired_nodes] if len(fitting) >= job.min_nodes else None
+    if reason is RoundReason.RESTART:
+        return snap.members() or None
+    if reason is RoundReason.PREEMPTION:
+        assert target is not None, "a preemption says how many nodes the job keeps"
+        return snap.members()[:target]
+    survivors = snap.survivors(leaving)
+    if reason is RoundReason.FAILURE:
+        return survivors if len(survivors) >= job.min_nodes else []
+    if reason is RoundReason.DRAIN:
+        return survivors if job.elastic and len(survivors) >= job.min_nodes else None
+    if reason is RoundReason.NODE_LOSS:
+        refilled = fill(survivors, snap.free_fitting(leaving), job.desired_nodes)
+        return refilled if len(refilled) >= job.min_nodes else []
+    # RESIZE and AUTOSCALE converge on the desired count: shrinking drops the highest node ranks.
+    if len(survivors) > job.desired_nodes:
+        keep = survivors[: job.desired_nodes]
+    else:
+        keep = fill(survivors, snap.free_fitting(), job.desired_nodes)
+    if [n.id for n in keep] == list(job.members) or len(keep) < job.min_nodes:
+        return None
+    return keep
+
+
+def plan_round(
+    snap: Snapshot,
+    reason: RoundReason,
+    *,
+    leaving: int | None = None,
+    target: int | None = None,
+    previous_failed: bool = False,
+) -> Plan | None:
+    """The plan for ``reason``, or None when the job's membership should stay as it is.
+
+    ``previous_failed``: a rank of the current round failed, so it is broken like a lost node's.
+    """
+    chosen = choose(snap, reason, leaving=leaving, target=target)
+    if chosen is None:
+        return None
+    members = order_members(snap.job.members, chosen)
+    broken = previous_failed or reason.breaks_previous
+    kept = {n.id for n in members}
+    if not members or broken:
+        stop = snap.job.members
+    else:
+        stop = tuple(pk for pk in snap.job.members if pk not in kept)
+    return Plan(
+        reason=reason,
+        placements=assign_gpus(snap.job, members),
+        stop=tuple(stop),
+        stop_at_once=broken and bool(members),
+        charged=reason.charged,
+    )
+
+
+def needs_growth(job: JobView) -> bool:
+    return len(job.members) < job.desired_nodes
+
+
+def preemption_victims(job: JobView, needed: int, running: Sequence[JobView]) -> list[tuple[int, int]]:
+    """Which lower-priority elastic jobs shrink toward their MIN, and to how many nodes, so that
+    ``job`` finds ``needed`` more nodes. ``running`` is in the order victims are chosen (lowest
+    priority first, newest first within a priority). Returns (job id, nodes kept) pairs."""
+    victims: list[tuple[int, int]] = []
+    for victim in running:
+        if needed <= 0:
+            break
+        spare = len(victim.members) - victim.min_nodes
+        if victim.priority >= job.priority or spare <= 0:
+            continue
+        drop = min(spare, needed)
+        victims.append((victim.id, len(victim.members) - drop))
+        needed -= drop
+    return victims

@@ -1,0 +1,213 @@
+"""Agents' reports about the rounds they run: rank exits, round ends, round statuses in heartbeats.
+
+Every report is fenced by (job, round): one for an older round, or a job that is over, changes
+nothing. Every handler is safe to run twice (a redelivered task, an agent that sent again after
+a send that seemed to fail): an exit already recorded is not recorded or acted on again, and
+every state it moves is moved only if it has not moved yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from console.cluster.models import Node
+from console.core.decision import decision
+from console.core.states import AllocationState, JobState
+from console.core.transport import send_on_commit
+from console.jobs.failures import failed, record_failure
+from console.jobs.models import Allocation, Job, Round
+from console.jobs.rounds import finish_job, send_stop
+from console.jobs.snapshot import live_allocations
+from console.jobs.spec import round_spec
+from console.telemetry import events
+from console.telemetry.models import Severity
+from workers import protocol
+from workers.protocol import RoundState
+
+log = logging.getLogger(__name__)
+
+# A start command the agent has not acknowledged (no heartbeat lists the round) after this many
+# seconds is sent again: covers a controller killed between commit and send.
+START_RESEND_AFTER = 8.0
+# What a round that ended "failed" without naming a failing rank is recorded as.
+UNNAMED_FAILURE: protocol.RankExit = {
+    "local_rank": -1,
+    "rank": -1,
+    "pid": 0,
+    "exit_code": 1,
+    "signal": None,
+    "error": "round failed",
+    "at": 0.0,
+}
+
+
+def _fenced_allocation(node_name: str, job_id: int, number: int) -> tuple[Job, Allocation] | None:
+    """The job (locked) and the node's allocation in its current round ``number``, or None."""
+    job = Job.objects.select_for_update(of=("self",)).filter(pk=job_id).first()
+    if job is None or job.round_number != number or not job.job_state.is_active:
+        return None  # an old round, or a job that is already over
+    alloc = (
+        Allocation.objects.select_for_update(of=("self",))
+        .filter(round__job=job, round__number=number, node__name=node_name)
+        .select_related("round", "node")
+        .first()
+    )
+    return None if alloc is None else (job, alloc)
+
+
+def rank_exited(node_name: str, job_id: int, number: int, exit: protocol.RankExit) -> None:
+    with decision():
+        now = timezone.now()
+        Node.mark_seen(node_name, now)
+        found = _fenced_allocation(node_name, job_id, number)
+        if found is None:
+            return
+        job, alloc = found
+        if not _record_exit(alloc, exit):
+            return  # the same exit again: the first report already did everything below
+        if exit.get("teardown"):
+            _teardown_event(job, alloc, exit)
+        if failed(exit):
+            record_failure(job, alloc, exit, now)
+
+
+def _exit_key(exit: dict[str, Any] | protocol.RankExit) -> tuple[Any, ...]:
+    return (exit.get("rank"), exit.get("local_rank"), exit.get("pid"), exit.get("at"))
+
+
+def _record_exit(alloc: Allocation, exit: protocol.RankExit) -> bool:
+    """Append ``exit`` to the allocation's exits; False when it is there already."""
+    exits: list[dict[str, Any]] = list(alloc.exit_info.get("exits", []))
+    if any(_exit_key(seen) == _exit_key(exit) for seen in exits):
+        return False
+    exits.append(dict(exit))
+    alloc.exit_info = {**alloc.exit_info, "exits": exits}
+    alloc.save(update_fields=["exit_info"])
+    return True
+
+
+def _teardown_event(job: Job, alloc: Allocation, exit: protocol.RankExit) -> None:
+    """The rank's code had ended when its interpreter's teardown crashed or hung (a torch gloo
+    bug, workers/agent/runner.py): the code's exit code stands, and operators are told."""
+    what = "hung and was killed" if exit["teardown"] == "hung" else f"died by {exit['teardown']}"
+    events.emit(
+        "rank.teardown",
+        f"Rank {exit['rank']} on {alloc.node.name} ended with exit code {exit['exit_code']}, "
+        f"then its interpreter {what} while tearing down; the exit code stands",
+        job=job,
+        node=alloc.node,
+        severity=Severity.WARNING,
+        rank=exit["rank"],
+        exit_code=exit["exit_code"],
+        teardown=exit["teardown"],
+    )
+
+
+def round_ended(
+    node_name: str, job_id: int, number: int, outcome: str, failures: list[protocol.RankExit]
+) -> None:
+    try:
+        state = RoundState(outcome)
+    except ValueError:
+        log.warning("dropping a round end from %s with an unknown outcome %r", node_name, outcome)
+        return
+    with decision():
+        now = timezone.now()
+        Node.mark_seen(node_name, now)
+        found = _fenced_allocation(node_name, job_id, number)
+        if found is None:
+            return
+        job, alloc = found
+        if state is RoundState.SUCCEEDED:
+            _host_succeeded(job, alloc)
+        elif state is RoundState.FAILED:
+            record_failure(job, alloc, failures[0] if failures else UNNAMED_FAILURE, now)
+
+
+def _host_succeeded(job: Job, alloc: Allocation) -> None:
+    if not alloc.allocation_state.can_become(AllocationState.SUCCEEDED):
+        return  # already SUCCEEDED (a redelivery), or ended otherwise
+    alloc.set_state(AllocationState.SUCCEEDED)
+    alloc.save(update_fields=["state"])
+    if not alloc.round.allocations.exclude(state=AllocationState.SUCCEEDED).exists():
+        finish_job(job, JobState.SUCCEEDED, f"Succeeded in round {alloc.round.number}")
+
+
+def apply_round_statuses(node: Node, rounds: list[protocol.RoundStatus]) -> None:
+    """A heartbeat's round statuses: stop strays, promote allocations, record progress, and send
+    again a start the agent never got."""
+    reported = {(int(r["job_id"]), int(r["round"])): r for r in rounds}
+    for (job_id, number), status in reported.items():
+        if not RoundState(status["state"]).is_final:
+            _stop_if_stray(node, job_id, number)
+    for alloc in live_allocations().filter(node=node).select_related("round__job__bundle"):
+        rnd, job = alloc.round, alloc.round.job
+        found = reported.get((job.pk, rnd.number))
+        if found is None:
+            _resend_start_if_lost(node, job, rnd, alloc)
+        else:
+            _apply_status(job.pk, rnd.number, alloc.pk, found)
+
+
+def _stop_if_stray(node: Node, job_id: int, number: int) -> None:
+    """A round the agent runs that it should not (a lost stop command, or fencing): stop it."""
+    job = Job.objects.filter(pk=job_id).only("id", "state", "round_number", "grace_period").first()
+    live = (
+        job is not None
+        and job.job_state.is_active
+        and job.round_number == number
+        and Allocation.objects.filter(round__job=job, round__number=number, node=node).exists()
+    )
+    if not live:
+        send_stop(node, job_id, number, job.grace_period if job else 5.0)
+
+
+def _resend_start_if_lost(node: Node, job: Job, rnd: Round, alloc: Allocation) -> None:
+    age = (timezone.now() - rnd.created_at).total_seconds()
+    if age > START_RESEND_AFTER and alloc.state == AllocationState.ASSIGNED:
+        log.info("re-sending start of job %s round %s to %s", job.pk, rnd.number, node.name)
+        send_on_commit(protocol.AGENT_START_ROUND, node.queue, spec=round_spec(job, rnd, alloc))
+
+
+def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.RoundStatus) -> None:
+    state = RoundState(status["state"])
+    with decision():
+        job = Job.lock(job_id)
+        if job.round_number != number or not job.job_state.is_active:
+            return
+        alloc = Allocation.objects.select_for_update().get(pk=alloc_id)
+        if state in (RoundState.RUNNING, RoundState.STARTING) and alloc.state == AllocationState.ASSIGNED:
+            alloc.set_state(AllocationState.RUNNING)
+            alloc.save(update_fields=["state"])
+        changed = False
+        if state is RoundState.RUNNING and job.state != JobState.RUNNING:
+            job.set_state(JobState.RUNNING)
+            changed = True
+            events.emit("job.running", f"Running round {number}", job=job)
+        changed = _record_progress(job, number, status) or changed
+        if changed:
+            job.save(update_fields=["state", "progress"])
+            events.job_changed(job)
+
+
+def _record_progress(job: Job, number: int, status: protocol.RoundStatus) -> bool:
+    """The round's latest step onto the job, and its first step's time onto the round."""
+    changed = False
+    step = status.get("last_step")
+    if step is not None and int(step) != job.progress.get("step"):
+        job.progress = {**job.progress, "step": int(step)}
+        total = job.hyperparameters.get("steps")
+        if isinstance(total, int):
+            job.progress["total"] = total
+        changed = True
+    first = status.get("first_step_at")
+    if first:
+        first_at = datetime.fromtimestamp(float(first), tz=timezone.get_current_timezone())
+        Round.objects.filter(job=job, number=number, first_step_at__isnull=True).update(
+            first_step_at=first_at
+        )
+    return changed

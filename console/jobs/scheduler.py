@@ -1,0 +1,63 @@
+"""Scheduling: the controller's periodic tick, placing pending jobs, preemption and auto-scaling.
+
+Pending jobs are placed all-or-nothing on at least MIN nodes, by priority then submission order;
+a job that does not fit shrinks lower-priority elastic jobs toward their MIN (preemption), and
+later jobs wait behind it. Once the queue is empty, elastic jobs grow toward their desired count.
+"""
+
+from __future__ import annotations
+
+from console.cluster.watch import detect_lost_nodes, progress_drains
+from console.core.decision import decision
+from console.core.states import JobState, RoundReason
+from console.jobs.failures import settle_failed_rounds
+from console.jobs.membership import change_membership
+from console.jobs.models import Job
+from console.jobs.planning import needs_growth, preemption_victims
+from console.jobs.snapshot import job_view, snapshot
+
+
+def tick() -> None:
+    """Periodic checks: lost nodes, failures awaiting settlement, drains, pending jobs, growth."""
+    detect_lost_nodes()
+    settle_failed_rounds()
+    progress_drains()
+    schedule()
+
+
+def schedule() -> None:
+    """Place pending jobs (gang: at least MIN nodes or nothing), then grow elastic jobs."""
+    with decision():
+        for pending in Job.objects.filter(state=JobState.PENDING).order_by("-priority", "created_at", "id"):
+            job = Job.lock(pending.pk)
+            if job.state != JobState.PENDING:
+                continue
+            if snapshot(job).shortfall() and not _room_made_for(job):
+                break  # FIFO within a priority: later jobs wait behind this one
+            change_membership(job, RoundReason.RESUME if job.round_number else RoundReason.START)
+        _grow_elastic_jobs()
+
+
+def _grow_elastic_jobs() -> None:
+    if Job.objects.filter(state=JobState.PENDING).exists():
+        return  # free capacity belongs to the queue first
+    for candidate in Job.objects.filter(state=JobState.RUNNING).order_by("-priority", "created_at"):
+        job = Job.lock(candidate.pk)
+        if job.current_round() is not None and needs_growth(job_view(job)):
+            change_membership(job, RoundReason.AUTOSCALE)
+
+
+def _room_made_for(job: Job) -> bool:
+    """Preempt for ``job``; True when it then fits."""
+    return _make_room_for(job, snapshot(job).shortfall()) and not snapshot(job).shortfall()
+
+
+def _make_room_for(job: Job, needed: int) -> bool:
+    """Shrink lower-priority elastic jobs toward MIN so ``job`` fits. Returns True if any shrank."""
+    running = Job.objects.filter(
+        state__in=[JobState.RUNNING, JobState.STARTING, JobState.RESIZING], priority__lt=job.priority
+    ).order_by("priority", "-created_at")
+    victims = preemption_victims(job_view(job), needed, [job_view(v) for v in running])
+    for victim_id, keep in victims:
+        change_membership(Job.lock(victim_id), RoundReason.PREEMPTION, target=keep, for_job=job.name)
+    return bool(victims)

@@ -1,0 +1,46 @@
+"""The RoundSpec an agent receives for its place in a round (workers/protocol.py's contract)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from console.jobs.models import Allocation, Job, Round
+from workers import protocol
+
+
+def run_id(job: Job) -> str:
+    """torchrun's run id for the job: the same for all its rounds, unique across consoles and
+    database resets (agents key checkpoint directories on it)."""
+    return f"trainyard-job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+
+
+def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
+    bundle: protocol.BundleRef | None = None
+    if job.bundle_id and job.bundle:
+        base = settings.TRAINYARD_PUBLIC_URL.rstrip("/")
+        bundle = {"sha256": job.bundle.sha256, "url": f"{base}/api/v1/bundles/{job.bundle.sha256}/archive/"}
+    return {
+        "job_id": job.pk,
+        "round": rnd.number,
+        "run_id": run_id(job),
+        "node_rank": alloc.node_rank,
+        "nnodes": rnd.allocations.count(),
+        "nproc_per_node": job.nproc_per_node,
+        "world_size": rnd.world_size,
+        "master_addr": rnd.master_addr,
+        "master_port": rnd.master_port,
+        "workload": job.workload,
+        "entrypoint": job.entrypoint,
+        "args": [str(a) for a in job.args],
+        "bundle": bundle,
+        "workdir": job.workdir,
+        "env": {str(k): str(v) for k, v in job.env.items()},
+        "hyperparameters": job.hyperparameters,
+        "strategy": job.strategy,
+        "precision": job.precision,
+        "grad_accum_steps": job.grad_accum_steps,
+        "gpu_indices": list(alloc.gpu_indices),
+        "restart_count": job.rounds.filter(number__lt=rnd.number).count(),
+        "max_restarts": job.max_restarts,
+        "grace_period": job.grace_period,
+    }
