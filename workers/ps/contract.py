@@ -35,6 +35,7 @@ ENV_SEED = "TRAINYARD_PS_SEED"
 ENV_CHECKPOINT_DIR = "TRAINYARD_PS_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "TRAINYARD_PS_CHECKPOINT_EVERY_S"
 ENV_MAX_ROWS = "TRAINYARD_PS_MAX_ROWS"
+ENV_MAX_DATA_BYTES = "TRAINYARD_PS_MAX_DATA_BYTES"
 ENV_LEASE_S = "TRAINYARD_PS_LEASE_S"
 ENV_WORKER_ID = "TRAINYARD_PS_WORKER_ID"
 ENV_STATS_EVERY_S = "TRAINYARD_PS_STATS_EVERY_S"
@@ -52,6 +53,7 @@ ALL = (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_S,
     ENV_MAX_ROWS,
+    ENV_MAX_DATA_BYTES,
     ENV_LEASE_S,
     ENV_WORKER_ID,
     ENV_STATS_EVERY_S,
@@ -94,6 +96,8 @@ class PsEnv:
     checkpoint_dir: str = ""
     checkpoint_every_s: float = 30.0
     max_rows: int | None = None
+    # Once started, a PS caps its data segment (RLIMIT_DATA) at its size then plus this many bytes.
+    max_data_bytes: int | None = None
     lease_s: float = 10.0
     worker_id: str = ""
     stats_every_s: float = 5.0
@@ -118,6 +122,7 @@ class PsEnv:
             ENV_CHECKPOINT_DIR: self.checkpoint_dir,
             ENV_CHECKPOINT_EVERY_S: repr(self.checkpoint_every_s),
             ENV_MAX_ROWS: "" if self.max_rows is None else str(self.max_rows),
+            ENV_MAX_DATA_BYTES: "" if self.max_data_bytes is None else str(self.max_data_bytes),
             ENV_LEASE_S: repr(self.lease_s),
             ENV_WORKER_ID: self.worker_id,
             ENV_STATS_EVERY_S: repr(self.stats_every_s),
@@ -215,6 +220,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> PsEnv:
         checkpoint_dir=env.get(ENV_CHECKPOINT_DIR, "").strip(),
         checkpoint_every_s=_float(env, ENV_CHECKPOINT_EVERY_S, 30.0),
         max_rows=_int(env, ENV_MAX_ROWS, None, minimum=1),
+        max_data_bytes=_int(env, ENV_MAX_DATA_BYTES, None, minimum=1),
         lease_s=_float(env, ENV_LEASE_S, 10.0),
         worker_id=env.get(ENV_WORKER_ID, "").strip(),
         stats_every_s=_float(env, ENV_STATS_EVERY_S, 5.0),

@@ -52,6 +52,7 @@ class LocalPsJob:
     lease_s: float = 3.0
     max_staleness: int | None = None
     max_rows: int | None = None
+    max_data_bytes: int | None = None
     checkpoint_every_s: float = 30.0
     stats_every_s: float = 1.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -76,6 +77,7 @@ class LocalPsJob:
             checkpoint_dir=self.checkpoint_dir,
             checkpoint_every_s=self.checkpoint_every_s,
             max_rows=self.max_rows,
+            max_data_bytes=self.max_data_bytes,
             lease_s=self.lease_s,
             stats_every_s=self.stats_every_s,
         )
@@ -87,7 +89,7 @@ class LocalPsJob:
         env.setdefault("TRAINYARD_TELEMETRY", str(self.workdir / f"telemetry-{role.value}-{index}.jsonl"))
         return env
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], preexec: object = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         process = subprocess.Popen(
             argv,
@@ -95,7 +97,6 @@ class LocalPsJob:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=preexec,  # type: ignore[arg-type]
         )
         log.close()
         self.processes[name] = process
@@ -107,8 +108,8 @@ class LocalPsJob:
         )
         wait_listening(self.coordinator, 60, process)
 
-    def start_ps(self, index: int, wait: bool = True, preexec: object = None) -> subprocess.Popen[bytes]:
-        process = self._spawn(f"ps-{index}", [sys.executable, "-m", "workers.ps.server"], self.env(Role.PS, index), preexec)
+    def start_ps(self, index: int, wait: bool = True) -> subprocess.Popen[bytes]:
+        process = self._spawn(f"ps-{index}", [sys.executable, "-m", "workers.ps.server"], self.env(Role.PS, index))
         if wait:
             wait_listening(self.ps_addresses[index], 60, process)
         return process

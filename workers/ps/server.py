@@ -58,6 +58,7 @@ GRPC_OPTIONS = [
 # How long a synchronous pull waits for the pushes of the step it finalizes; they were sent
 # before their workers reached the barrier, so this only guards against a lost message.
 FINALIZE_WAIT_S = 30.0
+HANDLER_THREADS = 16
 
 Key = tuple[int, int, int]
 
@@ -430,6 +431,10 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
             )
         except (PsError, ValueError, RowBudgetExceeded, MemoryError) as error:
             self._fail(context, error)
+        except RuntimeError as error:  # torch's allocator: "can't allocate memory"
+            if "allocate" not in str(error):
+                raise
+            self._fail(context, MemoryError(str(error)))
         self.state.push_latency.add(now() - started)
         return ps_pb2.PushReply(status=status, version=version)  # type: ignore[arg-type]
 
@@ -470,12 +475,15 @@ def serve(env: contract.PsEnv) -> int:
             flush=True,
         )
     servicer = Servicer(state, env.checkpoint_dir)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
+    executor = futures.ThreadPoolExecutor(max_workers=HANDLER_THREADS)
+    server = grpc.server(executor, options=GRPC_OPTIONS)
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     if server.add_insecure_port(env.listen_address) == 0:
         print(f"PS {env.index}: cannot listen on {env.listen_address}", file=sys.stderr, flush=True)
         return 1
     server.start()
+    if env.max_data_bytes is not None:
+        cap_data_segment(executor, env.max_data_bytes)
     print(f"PS {env.index}/{env.ps_count} serving on {env.listen_address} ({state.mode.value})", flush=True)
 
     stopping = threading.Event()
@@ -497,6 +505,33 @@ def serve(env: contract.PsEnv) -> int:
         path, version = servicer.save()
         print(f"PS {env.index}: final checkpoint at version {version}: {path}", flush=True)
     return 0
+
+
+def cap_data_segment(executor: futures.ThreadPoolExecutor, growth: int) -> int:
+    """Caps this process's data segment (RLIMIT_DATA: heap and private writable mappings) at its
+    current size plus ``growth`` bytes; returns the cap. The handler threads are started first
+    (their stacks count as data), so the cap bounds what the PS's state may still grow by. An
+    allocation past it fails (MemoryError, or torch's allocator error), which a push answers with
+    RESOURCE_EXHAUSTED; the row budget (TRAINYARD_PS_MAX_ROWS) normally refuses earlier."""
+    import resource
+
+    barrier = threading.Barrier(HANDLER_THREADS + 1)
+    for _ in range(HANDLER_THREADS):
+        executor.submit(barrier.wait)
+    barrier.wait()
+    used = _data_bytes()
+    cap = used + growth
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    log.info("data segment capped at %d MB (%d MB in use)", cap >> 20, used >> 20)
+    return cap
+
+
+def _data_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmData in /proc/self/status")
 
 
 def _telemetry_reporter(state: PsState) -> object:
