@@ -39,6 +39,7 @@ ENV_MAX_DATA_BYTES = "TRAINYARD_PS_MAX_DATA_BYTES"
 ENV_LEASE_S = "TRAINYARD_PS_LEASE_S"
 ENV_WORKER_ID = "TRAINYARD_PS_WORKER_ID"
 ENV_STATS_EVERY_S = "TRAINYARD_PS_STATS_EVERY_S"
+ENV_RETRY_S = "TRAINYARD_PS_RETRY_S"
 
 ALL = (
     ENV_ROLE,
@@ -57,6 +58,7 @@ ALL = (
     ENV_LEASE_S,
     ENV_WORKER_ID,
     ENV_STATS_EVERY_S,
+    ENV_RETRY_S,
 )
 
 
@@ -101,6 +103,8 @@ class PsEnv:
     lease_s: float = 10.0
     worker_id: str = ""
     stats_every_s: float = 5.0
+    # How long a worker keeps calling a PS or the coordinator that does not answer (restarting).
+    retry_s: float = 120.0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -126,6 +130,7 @@ class PsEnv:
             ENV_LEASE_S: repr(self.lease_s),
             ENV_WORKER_ID: self.worker_id,
             ENV_STATS_EVERY_S: repr(self.stats_every_s),
+            ENV_RETRY_S: repr(self.retry_s),
             # torchrun's role variables, so generic tooling sees the role as well.
             "ROLE_NAME": self.role.value,
             "ROLE_RANK": str(self.index),
@@ -224,4 +229,5 @@ def from_environ(env: Mapping[str, str] | None = None) -> PsEnv:
         lease_s=_float(env, ENV_LEASE_S, 10.0),
         worker_id=env.get(ENV_WORKER_ID, "").strip(),
         stats_every_s=_float(env, ENV_STATS_EVERY_S, 5.0),
+        retry_s=_float(env, ENV_RETRY_S, 120.0),
     )

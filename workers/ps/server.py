@@ -24,10 +24,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -59,8 +59,11 @@ GRPC_OPTIONS = [
 # before their workers reached the barrier, so this only guards against a lost message.
 FINALIZE_WAIT_S = 30.0
 HANDLER_THREADS = 16
+# Stack of each handler thread when the data segment is capped (the default is 8 MiB each).
+THREAD_STACK_BYTES = 1 << 20
 
 Key = tuple[int, int, int]
+T = TypeVar("T")
 
 
 class PsError(Exception):
@@ -375,17 +378,25 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_lock = threading.Lock()
 
-    def _fail(self, context: grpc.ServicerContext, error: Exception) -> None:
-        if isinstance(error, PsError):
+    def _guarded(self, context: grpc.ServicerContext, call: Callable[[], T]) -> T:
+        """Runs ``call``; a refusal becomes its status, running out of memory (the row budget,
+        the data-segment cap, torch's allocator) RESOURCE_EXHAUSTED."""
+        try:
+            return call()
+        except PsError as error:
             context.abort(error.code, str(error))
-        if isinstance(error, RowBudgetExceeded):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
-        if isinstance(error, MemoryError):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index} is out of memory")
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except (RowBudgetExceeded, MemoryError) as error:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index}: {error or 'out of memory'}")
+        except RuntimeError as error:
+            if "allocate" not in str(error):  # torch's allocator: "can't allocate memory"
+                raise
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index}: {error}")
+        except (ValueError, OptimizerError) as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        raise AssertionError("unreachable: abort raises")
 
     def Declare(self, request: ps_pb2.DeclareRequest, context: grpc.ServicerContext) -> ps_pb2.DeclareReply:
-        try:
+        def call() -> ps_pb2.DeclareReply:
             known = self.state.declare(
                 [table_config(spec) for spec in request.tables],
                 [
@@ -393,13 +404,14 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
                     for spec in request.dense
                 ],
             )
-        except (PsError, ValueError, OptimizerError) as error:
-            self._fail(context, error)
-        return ps_pb2.DeclareReply(dense_known=known)
+            return ps_pb2.DeclareReply(dense_known=known)
+
+        return self._guarded(context, call)
 
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> ps_pb2.PullReply:
         started = now()
-        try:
+
+        def call() -> ps_pb2.PullReply:
             rows, dense, version = self.state.pull(
                 [(item.table, tensors.decode(item.ids)) for item in request.tables],
                 list(request.dense),
@@ -407,18 +419,19 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
                 request.finalize_step,
                 request.finalize_workers,
             )
-        except (PsError, ValueError) as error:
-            self._fail(context, error)
-        reply = ps_pb2.PullReply(
-            rows=[tensors.encode(r) for r in rows], dense=[tensors.encode(d) for d in dense], version=version
-        )
+            return ps_pb2.PullReply(
+                rows=[tensors.encode(r) for r in rows], dense=[tensors.encode(d) for d in dense], version=version
+            )
+
+        reply = self._guarded(context, call)
         self.state.pull_latency.add(now() - started)
         return reply
 
     def Push(self, request: ps_pb2.PushRequest, context: grpc.ServicerContext) -> ps_pb2.PushReply:
         started = now()
         key = (request.key.epoch, request.key.shard, request.key.batch) if request.HasField("key") else None
-        try:
+
+        def call() -> ps_pb2.PushReply:
             status, version = self.state.push(
                 request.worker,
                 key,
@@ -429,14 +442,11 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
                 request.step,
                 request.step_workers,
             )
-        except (PsError, ValueError, RowBudgetExceeded, MemoryError) as error:
-            self._fail(context, error)
-        except RuntimeError as error:  # torch's allocator: "can't allocate memory"
-            if "allocate" not in str(error):
-                raise
-            self._fail(context, MemoryError(str(error)))
+            return ps_pb2.PushReply(status=status, version=version)  # type: ignore[arg-type]
+
+        reply = self._guarded(context, call)
         self.state.push_latency.add(now() - started)
-        return ps_pb2.PushReply(status=status, version=version)  # type: ignore[arg-type]
+        return reply
 
     def Stats(self, request: ps_pb2.StatsRequest, context: grpc.ServicerContext) -> ps_pb2.StatsReply:
         import json
@@ -474,6 +484,10 @@ def serve(env: contract.PsEnv) -> int:
             f"{state.stats().rows} rows from {state.restored_from}",
             flush=True,
         )
+    warm_up()
+    if env.max_data_bytes is not None:
+        # Thread stacks count as data: keep the ones started from here on small.
+        threading.stack_size(THREAD_STACK_BYTES)
     servicer = Servicer(state, env.checkpoint_dir)
     executor = futures.ThreadPoolExecutor(max_workers=HANDLER_THREADS)
     server = grpc.server(executor, options=GRPC_OPTIONS)
@@ -482,15 +496,16 @@ def serve(env: contract.PsEnv) -> int:
         print(f"PS {env.index}: cannot listen on {env.listen_address}", file=sys.stderr, flush=True)
         return 1
     server.start()
-    if env.max_data_bytes is not None:
-        cap_data_segment(executor, env.max_data_bytes)
-    print(f"PS {env.index}/{env.ps_count} serving on {env.listen_address} ({state.mode.value})", flush=True)
-
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    reporter = Reporter(env.stats_every_s, _telemetry_reporter(state))
+    report = _telemetry_reporter(state)
+    report()  # starts the telemetry writer thread now, before any cap
+    reporter = Reporter(env.stats_every_s, report)
     reporter.start()
+    if env.max_data_bytes is not None:
+        cap_data_segment(executor, env.max_data_bytes)
+    print(f"PS {env.index}/{env.ps_count} serving on {env.listen_address} ({state.mode.value})", flush=True)
     last_checkpoint = time.monotonic()
     while not stopping.wait(0.5):
         due = time.monotonic() - last_checkpoint >= env.checkpoint_every_s
@@ -505,6 +520,20 @@ def serve(env: contract.PsEnv) -> int:
         path, version = servicer.save()
         print(f"PS {env.index}: final checkpoint at version {version}: {path}", flush=True)
     return 0
+
+
+def warm_up() -> None:
+    """Runs every kind of update once on a scratch state before serving: the first use of torch's
+    optimizers imports more modules (torch._dynamo, sympy), which must not happen on the first
+    request, nor after the data segment is capped."""
+    scratch = PsState(index=0, count=1, mode=Mode.ASYNC)
+    for name in ("sgd", "adagrad", "adam"):
+        config = OptimizerConfig(name, lr=0.1)
+        scratch.declare([TableConfig(name, 2, 0.1, config)], [(name, torch.zeros(2), config)])
+        ids = torch.tensor([0, 1])
+        scratch.push("warm-up", None, 0, 1, [(name, ids, torch.ones(2, 2))], [(name, torch.ones(2))])
+        scratch.pull([(name, ids)], [name])
+    scratch.state()
 
 
 def cap_data_segment(executor: futures.ThreadPoolExecutor, growth: int) -> int:
@@ -534,7 +563,7 @@ def _data_bytes() -> int:
     raise RuntimeError("no VmData in /proc/self/status")
 
 
-def _telemetry_reporter(state: PsState) -> object:
+def _telemetry_reporter(state: PsState) -> Callable[[], None]:
     from workers.sdk.telemetry import telemetry
 
     sink = telemetry()

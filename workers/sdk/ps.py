@@ -183,8 +183,8 @@ class Session:
         self.mode = env.mode
         self.worker = env.default_worker_id()
         self.device = device or torch.device("cpu")
-        self.client = PsClient(env.ps_addresses, self.worker)
-        self.coordinator = CoordinatorClient(env.coordinator, self.worker)
+        self.client = PsClient(env.ps_addresses, self.worker, retry_s=env.retry_s)
+        self.coordinator = CoordinatorClient(env.coordinator, self.worker, retry_s=env.retry_s)
         self.tables: dict[str, TableConfig] = {}
         self.dense_module: nn.Module | None = None
         self.dense_names: list[str] = []
