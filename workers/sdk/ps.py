@@ -191,6 +191,7 @@ class Session:
         self.local_optimizer: torch.optim.Optimizer | None = None
         self._current: Step | None = None
         self._retry: Batch | None = None
+        self.step_info: StepInfo | None = None  # synchronous mode: the step of the current batch
         # Statistics.
         self.pushes = 0
         self.examples = 0
@@ -279,11 +280,11 @@ class Session:
                 continue
             if self.worker not in info.members:
                 raise RuntimeError(f"the barrier closed step {info.step} without this worker's batch")
-            self._info = info
+            self.step_info = info
             yield batch
 
     def step(self, batch: Batch | None = None) -> Step:
-        info = self._info if self.mode is Mode.SYNC else None
+        info = self.step_info if self.mode is Mode.SYNC else None
         return Step(self, batch, info)
 
     def _after_push(self, step: Step) -> None:
