@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.ps import ps_job, telemetry  # noqa: F401
+from tests.support.ps import telemetry
 from tests.test_workload_digits import RankGroup, workload
 from workers.ps.local import LocalPsJob
 
@@ -25,7 +26,7 @@ SETTINGS = [
 ]
 
 
-def test_async_ps_reaches_the_allreduce_auc(ps_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_async_ps_reaches_the_allreduce_auc(ps_job: Callable[..., LocalPsJob], tmp_path: Path) -> None:
     started = time.monotonic()
     argv = workload("recsys-embedding", *SETTINGS)
     # Given the allreduce run and the asynchronous PS run of the same job, side by side
@@ -43,7 +44,11 @@ def test_async_ps_reaches_the_allreduce_auc(ps_job, tmp_path: Path) -> None:  # 
     allreduce_auc = group.series("auc")[-1][1]
     ps_auc = [r["values"]["auc"] for r in telemetry(job, "worker", 0) if "auc" in r.get("values", {})][-1]
     examples = sum(
-        [r["values"]["worker_examples"] for r in telemetry(job, "worker", i) if "worker_examples" in r["values"]][-1]
+        [
+            r["values"]["worker_examples"]
+            for r in telemetry(job, "worker", i)
+            if "worker_examples" in r["values"]
+        ][-1]
         for i in range(2)
     )
     # then the PS run saw the same examples and is within 0.01 AUC of (or above) the allreduce run
@@ -52,5 +57,6 @@ def test_async_ps_reaches_the_allreduce_auc(ps_job, tmp_path: Path) -> None:  # 
     assert allreduce_auc > 0.7  # both learned the planted signal
     print(
         f"\nAUC: asynchronous PS {ps_auc:.4f}, allreduce {allreduce_auc:.4f}; "
-        f"{time.monotonic() - started:.1f} s; " + json.dumps(job.coordinator_client().queue()["examples_done"])
+        f"{time.monotonic() - started:.1f} s; "
+        + json.dumps(job.coordinator_client().queue()["examples_done"])
     )

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from tests.support.ps import count_worker_argv, ps_job, wait_for  # noqa: F401
+from tests.support.ps import count_worker_argv, wait_for
 from workers.ps.local import LocalPsJob
 
 EXAMPLES = 3200
@@ -23,7 +24,9 @@ SHARD = 160  # 10 batches: a worker leaving mid-shard is the common case
 BATCH = 16
 
 
-def test_workers_resized_and_killed_mid_epoch_without_ps_restart(ps_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_workers_resized_and_killed_mid_epoch_without_ps_restart(
+    ps_job: Callable[..., LocalPsJob], tmp_path: Path
+) -> None:
     started = time.monotonic()
     job: LocalPsJob = ps_job(ps_count=2, lease_s=2.0)
     job.start_servers()
@@ -33,7 +36,14 @@ def test_workers_resized_and_killed_mid_epoch_without_ps_restart(ps_job, tmp_pat
 
     def worker(index: int) -> None:
         argv = count_worker_argv(
-            tmp_path / f"w{index}.json", EXAMPLES, SHARD, BATCH, "--sleep", "0.02", "--hold", str(holds[index])
+            tmp_path / f"w{index}.json",
+            EXAMPLES,
+            SHARD,
+            BATCH,
+            "--sleep",
+            "0.02",
+            "--hold",
+            str(holds[index]),
         )
         job.start_worker(index, argv)
 
@@ -47,11 +57,8 @@ def test_workers_resized_and_killed_mid_epoch_without_ps_restart(ps_job, tmp_pat
     spawned_at = time.time()
     for index in (2, 3):
         worker(index)
-    firsts = [
-        wait_for(lambda i=i: (tmp_path / f"w{i}.json.first").exists(), 120, f"worker {i}'s first push", job)
-        for i in (2, 3)
-    ]
-    assert all(firsts)
+    markers = [tmp_path / f"w{i}.json.first" for i in (2, 3)]
+    wait_for(lambda: all(marker.exists() for marker in markers), 120, "the new workers' first pushes", job)
     joins = [json.loads((tmp_path / f"w{i}.json.first").read_text()) for i in (2, 3)]
     # and then one is SIGKILLed and two leave (SIGTERM: after their current batch), leaving one
     job.kill("worker-1", signal.SIGKILL)

@@ -11,11 +11,12 @@ of rows grew its data segment by ~24 MiB here).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from tests.support.ps import count_worker_argv, ps_job  # noqa: F401
+from tests.support.ps import count_worker_argv
 from workers.ps.local import LocalPsJob
 
 DIM = 64
@@ -25,7 +26,9 @@ ROWS = 4 * BUDGET_ROWS  # 64 MiB of rows
 BATCH = 4096
 
 
-def test_a_table_four_times_one_ps_limit_trains_over_four_ps(ps_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_table_four_times_one_ps_limit_trains_over_four_ps(
+    ps_job: Callable[..., LocalPsJob], tmp_path: Path
+) -> None:
     started = time.monotonic()
     argv = count_worker_argv(tmp_path / "w.json", ROWS, BATCH * 4, BATCH, "--dim", str(DIM))
     # glibc keeps freed message buffers in per-thread arenas and raises its mmap threshold as it

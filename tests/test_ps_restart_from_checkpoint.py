@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from tests.support.ps import count_worker_argv, ps_job, wait_for  # noqa: F401
+from tests.support.ps import count_worker_argv, wait_for
 from workers.ps import checkpoint
 from workers.ps.local import LocalPsJob
 
@@ -21,7 +22,7 @@ SHARD = 80
 BATCH = 16
 
 
-def test_a_killed_ps_resumes_from_its_checkpoint(ps_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_ps_resumes_from_its_checkpoint(ps_job: Callable[..., LocalPsJob], tmp_path: Path) -> None:
     started = time.monotonic()
     job: LocalPsJob = ps_job(ps_count=2, lease_s=3.0, checkpoint_every_s=0.5)
     job.start_servers()
@@ -52,7 +53,10 @@ def test_a_killed_ps_resumes_from_its_checkpoint(ps_job, tmp_path: Path) -> None
     assert "restored version" in job.log("ps-1"), job.log("ps-1")
     client = job.client()
     restarted = client.stats()[1]
-    assert restarted["restored_from"].endswith("ps-0001-of-0002.pt") and restarted["checkpoint_version"] >= version
+    assert (
+        restarted["restored_from"].endswith("ps-0001-of-0002.pt")
+        and restarted["checkpoint_version"] >= version
+    )
     stats = queue.queue()
     assert stats["finished"] and stats["completions"] == {f"0:{s}": 1 for s in range(EXAMPLES // SHARD)}
     rows, _, _ = client.pull({"examples": torch.arange(EXAMPLES)}, [])

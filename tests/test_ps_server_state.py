@@ -82,18 +82,27 @@ def test_bad_requests_get_clear_errors() -> None:
         ps.declare([TableConfig("t", 3, 0.0, SGD)], [])
 
 
-def test_changing_the_ps_count_reshards_rows_optimizer_state_and_dense_through_a_checkpoint(tmp_path: Path) -> None:
+def test_changing_the_ps_count_reshards_rows_optimizer_state_and_dense_through_a_checkpoint(
+    tmp_path: Path,
+) -> None:
     # Given two PS trained with Adam (rows hold per-row state) and a dense parameter
     old = [PsState(index=i, count=2, mode=Mode.ASYNC, seed=3) for i in range(2)]
-    dense_owner = {"w": None}
+    dense_owner: dict[str, int] = {}
     for i, ps in enumerate(old):
         dense = [("w", torch.zeros(3), ADAM)] if ps_of_dense("w", 2) == i else []
         ps.declare([TableConfig("t", 2, 0.1, ADAM)], dense)
         if dense:
-            dense_owner["w"] = i  # type: ignore[assignment]
+            dense_owner["w"] = i
         ids = torch.arange(i, 40, 2)
         for step in range(3):
-            ps.push("w", (0, step, i), 0, 1, [("t", ids, torch.randn(len(ids), 2))], [("w", torch.ones(3))] if dense else [])
+            ps.push(
+                "w",
+                (0, step, i),
+                0,
+                1,
+                [("t", ids, torch.randn(len(ids), 2))],
+                [("w", torch.ones(3))] if dense else [],
+            )
         checkpoint.write(str(tmp_path), i, 2, ps.state())
     before = torch.cat([old[i % 2].pull([("t", torch.tensor([i]))], [])[0][0] for i in range(40)])
     # when three PS start from that directory
@@ -115,7 +124,7 @@ def test_changing_the_ps_count_reshards_rows_optimizer_state_and_dense_through_a
     new_state = one_new._gather(1, np.array([one_new.index[row]]))
     assert torch.equal(old_state, new_state) and one_new.steps == one_old.steps
     owner = [ps for ps in new if "w" in ps.dense]
-    assert len(owner) == 1 and torch.equal(owner[0].dense["w"].value, old[dense_owner["w"]].dense["w"].value)  # type: ignore[index]
+    assert len(owner) == 1 and torch.equal(owner[0].dense["w"].value, old[dense_owner["w"]].dense["w"].value)
     assert all(ps.applied == old[0].applied | old[1].applied for ps in new)
     # and a PS of the new count restarting later reads its own file, not the old set
     checkpoint.write(str(tmp_path), 1, 3, new[1].state())

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.support.ps import ps_job  # noqa: F401
 from workers.ps.contract import Mode
 from workers.ps.local import LocalPsJob
 from workers.ps.placement import initial_rows
@@ -25,7 +26,7 @@ from workers.workloads.recsys import DLRM, EMBEDDING_STD, TABLES, ClickLog
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "ps_recsys_sync.py")
 SEED = 3
-HP = {
+HP: dict[str, Any] = {
     "rows": 400,
     "small_rows": 20,
     "dim": 8,
@@ -41,15 +42,20 @@ HP = {
 }
 
 
-def reference(hp: dict[str, object], steps: list[list[tuple[int, int]]]) -> DLRM:
+def reference(hp: dict[str, Any], steps: list[list[tuple[int, int]]]) -> DLRM:
     """Single-process training on the same batches, one optimizer step per PS step."""
     rows = {"users": hp["rows"], "items": hp["rows"], "categories": hp["small_rows"]}
-    bags = {name: nn.EmbeddingBag(int(count), int(hp["dim"]), mode="mean", sparse=True) for name, count in rows.items()}  # type: ignore[call-overload]
+    bags = {
+        name: nn.EmbeddingBag(int(count), int(hp["dim"]), mode="mean", sparse=True)
+        for name, count in rows.items()
+    }  # type: ignore[call-overload]
     torch.manual_seed(SEED)  # as the PS worker: tables first (no draws), then the dense layers
     model = DLRM(hp, sparse=True, tables=dict(bags))
     with torch.no_grad():
         for name, bag in bags.items():
-            bag.weight.copy_(initial_rows(SEED, name, torch.arange(rows[name]), int(hp["dim"]), EMBEDDING_STD))  # type: ignore[call-overload]
+            bag.weight.copy_(
+                initial_rows(SEED, name, torch.arange(rows[name]), int(hp["dim"]), EMBEDDING_STD)
+            )  # type: ignore[call-overload]
     tables = torch.optim.SparseAdam([bag.weight for bag in bags.values()], lr=float(hp["embedding_lr"]))  # type: ignore[arg-type]
     dense = torch.optim.Adam(model.dense_part().parameters(), lr=float(hp["lr"]))  # type: ignore[arg-type]
     log = ClickLog(hp)
@@ -65,7 +71,9 @@ def reference(hp: dict[str, object], steps: list[list[tuple[int, int]]]) -> DLRM
     return model
 
 
-def test_synchronous_ps_training_matches_single_process(ps_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_synchronous_ps_training_matches_single_process(
+    ps_job: Callable[..., LocalPsJob], tmp_path: Path
+) -> None:
     started = time.monotonic()
     hp = validate_hyperparameters("recsys-embedding", HP)
     job: LocalPsJob = ps_job(ps_count=2, mode=Mode.SYNC, seed=SEED)
@@ -92,7 +100,10 @@ def test_synchronous_ps_training_matches_single_process(ps_job, tmp_path: Path) 
     rows, dense, _ = client.pull(ids, dense_names)
     for name in TABLES:
         expected = getattr(model, name).weight.detach()
-        assert torch.allclose(rows[name], expected, atol=1e-5, rtol=0), (name, (rows[name] - expected).abs().max())
+        assert torch.allclose(rows[name], expected, atol=1e-5, rtol=0), (
+            name,
+            (rows[name] - expected).abs().max(),
+        )
     for name, param in model.dense_part().named_parameters():
         got = dense[f"dense/{name}"]
         assert torch.allclose(got, param.detach(), atol=1e-5, rtol=0), (name, (got - param).abs().max())

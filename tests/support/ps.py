@@ -42,7 +42,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, job: Local
         time.sleep(0.1)
 
 
-def count_worker_argv(summary: Path, examples: int, shard_size: int, batch_size: int, *extra: str) -> list[str]:
+def count_worker_argv(
+    summary: Path, examples: int, shard_size: int, batch_size: int, *extra: str
+) -> list[str]:
     return [
         COUNT_WORKER,
         str(summary),

@@ -8,6 +8,8 @@ for ``retry_s`` (a re-sent push is harmless: the PS dedupes it by its batch key)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -90,18 +92,20 @@ class PsClient:
         for c in self.channels:
             c.close()
 
-    def _each(self, calls: dict[int, Callable[[], Any]], what: str) -> dict[int, Any]:
-        """Runs one call per PS in parallel (futures), retrying unavailable ones."""
-        pending = {ps: call() for ps, call in calls.items()}
+    def _each(self, method: str, requests: dict[int, Any], what: str) -> dict[int, Any]:
+        """Calls ``method`` on each PS in ``requests`` in parallel (futures); retries a PS that is
+        unavailable (restarting) for up to ``retry_s``."""
+        pending = {ps: getattr(self.stubs[ps], method).future(request) for ps, request in requests.items()}
         results: dict[int, Any] = {}
         for ps, future in pending.items():
             try:
                 results[ps] = future.result()
             except grpc.RpcError as error:
-                if error.code() not in RETRYABLE:  # type: ignore[attr-defined]
-                    raise PsClientError(f"{what} on PS {ps}: {error.code().name}: {error.details()}") from None  # type: ignore[attr-defined]
-                retry = calls[ps]
-                results[ps] = _retrying(lambda retry=retry: retry().result(), self.retry_s, f"{what} on PS {ps}")  # type: ignore[misc]
+                code = error.code()  # type: ignore[attr-defined]
+                if code not in RETRYABLE:
+                    raise PsClientError(f"{what} on PS {ps}: {code.name}: {error.details()}") from None  # type: ignore[attr-defined]
+                call = functools.partial(getattr(self.stubs[ps], method), requests[ps])
+                results[ps] = _retrying(call, self.retry_s, f"{what} on PS {ps}")
         return results
 
     def declare(
@@ -118,8 +122,7 @@ class PsClient:
             requests[ps_of_dense(name, self.count)].dense.append(
                 ps_pb2.DenseSpec(name=name, initial=tensors.encode(value), optimizer=optimizer.to_proto())
             )
-        calls = {ps: (lambda ps=ps: self.stubs[ps].Declare.future(requests[ps])) for ps in requests}
-        replies = self._each(calls, "declare")
+        replies = self._each("Declare", requests, "declare")
         return [name for reply in replies.values() for name in reply.dense_known]
 
     def pull(
@@ -160,8 +163,7 @@ class PsClient:
         if all_ps:
             for ps in range(self.count):
                 request(ps)
-        calls = {ps: (lambda ps=ps: self.stubs[ps].Pull.future(requests[ps])) for ps in requests}
-        replies = self._each(calls, "pull")
+        replies = self._each("Pull", requests, "pull")
         rows: dict[str, torch.Tensor] = {}
         for ps, reply in replies.items():
             for (name, where), encoded in zip(positions[ps], reply.rows, strict=True):
@@ -193,7 +195,9 @@ class PsClient:
 
         def request(ps: int) -> ps_pb2.PushRequest:
             if ps not in requests:
-                message = ps_pb2.PushRequest(worker=self.worker, version=versions.get(ps, 0), examples=examples)
+                message = ps_pb2.PushRequest(
+                    worker=self.worker, version=versions.get(ps, 0), examples=examples
+                )
                 if key is not None:
                     message.key.CopyFrom(ps_pb2.BatchKey(epoch=key[0], shard=key[1], batch=key[2]))
                 if step is not None:
@@ -217,8 +221,7 @@ class PsClient:
         if all_ps:
             for ps in range(self.count):
                 request(ps)
-        calls = {ps: (lambda ps=ps: self.stubs[ps].Push.future(requests[ps])) for ps in requests}
-        replies = self._each(calls, "push")
+        replies = self._each("Push", requests, "push")
         outcome = PushOutcome()
         for ps, reply in replies.items():
             if reply.status == ps_pb2.PushReply.APPLIED:
@@ -236,15 +239,12 @@ class PsClient:
     def stats(self) -> list[dict[str, Any]]:
         import json
 
-        calls = {ps: (lambda ps=ps: self.stubs[ps].Stats.future(ps_pb2.StatsRequest())) for ps in range(self.count)}
-        replies = self._each(calls, "stats")
+        replies = self._each("Stats", {ps: ps_pb2.StatsRequest() for ps in range(self.count)}, "stats")
         return [json.loads(replies[ps].json) for ps in range(self.count)]
 
     def checkpoint(self) -> list[tuple[str, int]]:
-        calls = {
-            ps: (lambda ps=ps: self.stubs[ps].Checkpoint.future(ps_pb2.CheckpointRequest())) for ps in range(self.count)
-        }
-        replies = self._each(calls, "checkpoint")
+        requests = {ps: ps_pb2.CheckpointRequest() for ps in range(self.count)}
+        replies = self._each("Checkpoint", requests, "checkpoint")
         return [(replies[ps].path, replies[ps].version) for ps in range(self.count)]
 
 
@@ -305,7 +305,9 @@ class CoordinatorClient:
     def _beat(self) -> None:
         while not self._stopped.wait(self.lease_s / 3):
             try:
-                known = self.stub.Heartbeat(ps_pb2.WorkerRequest(worker=self.worker), timeout=self.lease_s).known
+                known = self.stub.Heartbeat(
+                    ps_pb2.WorkerRequest(worker=self.worker), timeout=self.lease_s
+                ).known
             except grpc.RpcError:
                 continue
             if not known and not self._stopped.is_set():
@@ -335,7 +337,9 @@ class CoordinatorClient:
                 self.register()
                 continue
             if not reply.retry:
-                return StepInfo(reply.step, list(reply.members), reply.finalize_step, list(reply.finalize_workers))
+                return StepInfo(
+                    reply.step, list(reply.members), reply.finalize_step, list(reply.finalize_workers)
+                )
 
     def queue(self) -> dict[str, Any]:
         import json
@@ -344,10 +348,8 @@ class CoordinatorClient:
 
     def leave(self) -> None:
         self._stopped.set()
-        try:
+        with contextlib.suppress(grpc.RpcError):  # else the lease runs out on its own
             self.stub.Leave(ps_pb2.WorkerRequest(worker=self.worker), timeout=5)
-        except grpc.RpcError:
-            pass  # the lease runs out on its own
 
     def close(self) -> None:
         self._stopped.set()
@@ -373,5 +375,10 @@ class CoordinatorClient:
             starts = list(range(shard.start, shard.end, size))
             for number, start in enumerate(starts):
                 yield Batch(
-                    shard.epoch, shard.id, number, start, min(shard.end, start + size), number == len(starts) - 1
+                    shard.epoch,
+                    shard.id,
+                    number,
+                    start,
+                    min(shard.end, start + size),
+                    number == len(starts) - 1,
                 )

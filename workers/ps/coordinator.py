@@ -161,7 +161,9 @@ class ShardQueue:
 
     def _require(self, worker: str) -> None:
         if worker not in self.leases:
-            raise CoordinatorError(grpc.StatusCode.FAILED_PRECONDITION, f"worker {worker!r} is not registered (lease lost?)")
+            raise CoordinatorError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"worker {worker!r} is not registered (lease lost?)"
+            )
 
     # --- shards -------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -290,13 +292,17 @@ class Servicer(ps_pb2_grpc.CoordinatorServicer):
         except CoordinatorError as error:
             context.abort(error.code, str(error))
 
-    def Register(self, request: ps_pb2.RegisterRequest, context: grpc.ServicerContext) -> ps_pb2.RegisterReply:
+    def Register(
+        self, request: ps_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.RegisterReply:
         if not request.worker:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a worker needs an id")
         self._call(context, self.queue.register, request.worker, dataset_from_proto(request.dataset))
         return ps_pb2.RegisterReply(lease_s=self.queue.lease_s, mode=self.queue.mode)
 
-    def Heartbeat(self, request: ps_pb2.WorkerRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatReply:
+    def Heartbeat(
+        self, request: ps_pb2.WorkerRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.HeartbeatReply:
         return ps_pb2.HeartbeatReply(known=self.queue.heartbeat(request.worker))
 
     def Leave(self, request: ps_pb2.WorkerRequest, context: grpc.ServicerContext) -> ps_pb2.HeartbeatReply:
@@ -308,13 +314,19 @@ class Servicer(ps_pb2_grpc.CoordinatorServicer):
         if shard is None:
             return ps_pb2.AcquireReply(status=status)
         epoch, number, start, end = shard
-        return ps_pb2.AcquireReply(status=status, shard=ps_pb2.Shard(epoch=epoch, id=number, start=start, end=end))
+        return ps_pb2.AcquireReply(
+            status=status, shard=ps_pb2.Shard(epoch=epoch, id=number, start=start, end=end)
+        )
 
-    def Complete(self, request: ps_pb2.CompleteRequest, context: grpc.ServicerContext) -> ps_pb2.CompleteReply:
+    def Complete(
+        self, request: ps_pb2.CompleteRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.CompleteReply:
         accepted = self.queue.complete(request.worker, request.epoch, request.shard)
         return ps_pb2.CompleteReply(accepted=accepted)
 
-    def BeginStep(self, request: ps_pb2.BeginStepRequest, context: grpc.ServicerContext) -> ps_pb2.BeginStepReply:
+    def BeginStep(
+        self, request: ps_pb2.BeginStepRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.BeginStepReply:
         result = self._call(context, self.queue.begin_step, request.worker, request.has_batch)
         if result is None:
             return ps_pb2.BeginStepReply(retry=True)
@@ -337,7 +349,9 @@ def serve(env: contract.PsEnv) -> int:
         print(f"coordinator: cannot listen on {env.listen_address}", file=sys.stderr, flush=True)
         return 1
     server.start()
-    print(f"coordinator serving on {env.listen_address} ({env.mode.value}, lease {env.lease_s} s)", flush=True)
+    print(
+        f"coordinator serving on {env.listen_address} ({env.mode.value}, lease {env.lease_s} s)", flush=True
+    )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
@@ -345,7 +359,10 @@ def serve(env: contract.PsEnv) -> int:
     from workers.sdk.telemetry import telemetry
 
     sink = telemetry()
-    reporter = Reporter(env.stats_every_s, lambda: sink.metric(queue.stats().examples_done, queue.stats().metrics(), echo=False))
+    reporter = Reporter(
+        env.stats_every_s,
+        lambda: sink.metric(queue.stats().examples_done, queue.stats().metrics(), echo=False),
+    )
     reporter.start()
     # Leases run out without any call arriving (every worker may be dead): sweep them.
     while not stopping.wait(min(0.5, env.lease_s / 4)):

@@ -8,6 +8,7 @@ signal reaches its children) and ``stop()`` ends them all: SIGTERM, a grace peri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -109,7 +110,9 @@ class LocalPsJob:
         wait_listening(self.coordinator, 60, process)
 
     def start_ps(self, index: int, wait: bool = True) -> subprocess.Popen[bytes]:
-        process = self._spawn(f"ps-{index}", [sys.executable, "-m", "workers.ps.server"], self.env(Role.PS, index))
+        process = self._spawn(
+            f"ps-{index}", [sys.executable, "-m", "workers.ps.server"], self.env(Role.PS, index)
+        )
         if wait:
             wait_listening(self.ps_addresses[index], 60, process)
         return process
@@ -120,7 +123,9 @@ class LocalPsJob:
         for index, process in enumerate(started):
             wait_listening(self.ps_addresses[index], 60, process)
 
-    def start_worker(self, index: int, argv: list[str], worker_count: int = 0, **extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, index: int, argv: list[str], worker_count: int = 0, **extra: str
+    ) -> subprocess.Popen[bytes]:
         env = self.env(Role.WORKER, index, worker_count, **extra)
         env.setdefault(contract.ENV_WORKER_ID, f"worker-{index}-{time.monotonic_ns()}")
         return self._spawn(f"worker-{index}", [sys.executable, *argv], env)
@@ -146,17 +151,13 @@ class LocalPsJob:
         """SIGTERM to every live process's group, then SIGKILL to what is left after ``grace``."""
         live = [p for p in self.processes.values() if p.poll() is None]
         for process in live:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace
         for process in live:
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 process.wait(5)

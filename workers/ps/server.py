@@ -109,7 +109,9 @@ class PsState:
         self.push_latency = Latencies()
 
     # --- declarations ---------------------------------------------------------------------
-    def declare(self, tables: Iterable[TableConfig], dense: Iterable[tuple[str, torch.Tensor, OptimizerConfig]]) -> list[str]:
+    def declare(
+        self, tables: Iterable[TableConfig], dense: Iterable[tuple[str, torch.Tensor, OptimizerConfig]]
+    ) -> list[str]:
         """Creates tables and dense parameters that do not exist yet; an existing one must be
         declared the same way (a second worker, or a worker after a PS restart)."""
         known = []
@@ -205,7 +207,9 @@ class PsState:
                 )
         for name, grad in dense:
             if tuple(grad.shape) != tuple(self._dense(name).value.shape):
-                raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"dense {name!r}: gradient of the wrong shape")
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"dense {name!r}: gradient of the wrong shape"
+                )
         contribution = Contribution(key, max(1, examples), tables, dense)
         with self.lock:
             if self.mode is Mode.SYNC:
@@ -219,7 +223,9 @@ class PsState:
             self._apply([contribution])
             return ps_pb2.PushReply.APPLIED, self.version
 
-    def _push_sync(self, worker: str, contribution: Contribution, step: int, step_workers: int) -> tuple[int, int]:
+    def _push_sync(
+        self, worker: str, contribution: Contribution, step: int, step_workers: int
+    ) -> tuple[int, int]:
         if step <= self.applied_step:
             self.late += 1
             return ps_pb2.PushReply.LATE, self.version
@@ -243,7 +249,9 @@ class PsState:
         while not workers <= set(self.steps.get(step, {})):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("step %d: pushes of %s never arrived", step, workers - set(self.steps.get(step, {})))
+                log.warning(
+                    "step %d: pushes of %s never arrived", step, workers - set(self.steps.get(step, {}))
+                )
                 break
             self.lock.wait(remaining)
             if self.applied_step >= step:
@@ -314,7 +322,7 @@ class PsState:
             for state in checkpoint.read(source):
                 self.version = max(self.version, int(state["version"]))
                 self.applied_step = max(self.applied_step, int(state["applied_step"]))
-                self.applied.update(tuple(int(v) for v in row) for row in state["applied"].tolist())
+                self.applied.update((int(e), int(s), int(b)) for e, s, b in state["applied"].tolist())
                 for name, saved in state["tables"].items():
                     config = _config_from_dict(saved["config"])
                     table = self.tables.setdefault(name, TableShard(config, self.seed, self.budget))
@@ -326,8 +334,8 @@ class PsState:
                 for name, saved in state["dense"].items():
                     if ps_of_dense(name, self.count) != self.index:
                         continue
-                    config = OptimizerConfig(**saved["optimizer"])
-                    held = DenseParameter.create(saved["value"], config)
+                    optimizer = OptimizerConfig(**saved["optimizer"])
+                    held = DenseParameter.create(saved["value"], optimizer)
                     held.optimizer.load_state_dict(saved["optimizer_state"])
                     self.dense[name] = held
             self.restored_from = ",".join(str(path) for path in source.paths)
@@ -359,15 +367,24 @@ class PsState:
 
 
 def _config_dict(config: TableConfig) -> dict[str, Any]:
-    return {"name": config.name, "dim": config.dim, "init_std": config.init_std, "optimizer": asdict(config.optimizer)}
+    return {
+        "name": config.name,
+        "dim": config.dim,
+        "init_std": config.init_std,
+        "optimizer": asdict(config.optimizer),
+    }
 
 
 def _config_from_dict(saved: dict[str, Any]) -> TableConfig:
-    return TableConfig(saved["name"], int(saved["dim"]), float(saved["init_std"]), OptimizerConfig(**saved["optimizer"]))
+    return TableConfig(
+        saved["name"], int(saved["dim"]), float(saved["init_std"]), OptimizerConfig(**saved["optimizer"])
+    )
 
 
 def table_config(spec: ps_pb2.TableSpec) -> TableConfig:
-    return TableConfig(spec.name, int(spec.dim), float(spec.init_std), OptimizerConfig.from_proto(spec.optimizer))
+    return TableConfig(
+        spec.name, int(spec.dim), float(spec.init_std), OptimizerConfig.from_proto(spec.optimizer)
+    )
 
 
 class Servicer(ps_pb2_grpc.ParameterServerServicer):
@@ -386,7 +403,9 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
         except PsError as error:
             context.abort(error.code, str(error))
         except (RowBudgetExceeded, MemoryError) as error:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index}: {error or 'out of memory'}")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index}: {error or 'out of memory'}"
+            )
         except RuntimeError as error:
             if "allocate" not in str(error):  # torch's allocator: "can't allocate memory"
                 raise
@@ -420,7 +439,9 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
                 request.finalize_workers,
             )
             return ps_pb2.PullReply(
-                rows=[tensors.encode(r) for r in rows], dense=[tensors.encode(d) for d in dense], version=version
+                rows=[tensors.encode(r) for r in rows],
+                dense=[tensors.encode(d) for d in dense],
+                version=version,
             )
 
         reply = self._guarded(context, call)
@@ -453,7 +474,9 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
 
         return ps_pb2.StatsReply(json=json.dumps(asdict(self.state.stats())))
 
-    def Checkpoint(self, request: ps_pb2.CheckpointRequest, context: grpc.ServicerContext) -> ps_pb2.CheckpointReply:
+    def Checkpoint(
+        self, request: ps_pb2.CheckpointRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.CheckpointReply:
         if not self.checkpoint_dir:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this PS has no checkpoint directory")
         path, version = self.save()

@@ -209,7 +209,9 @@ class DenseParameter:
 
     def apply(self, grad: torch.Tensor) -> None:
         if grad.shape != self.value.shape:
-            raise ValueError(f"gradient of shape {tuple(grad.shape)} for a parameter of {tuple(self.value.shape)}")
+            raise ValueError(
+                f"gradient of shape {tuple(grad.shape)} for a parameter of {tuple(self.value.shape)}"
+            )
         self.value.grad = grad.float()
         self.optimizer.step()
         self.value.grad = None

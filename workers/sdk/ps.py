@@ -29,11 +29,9 @@ SDK's telemetry as ``worker_*`` metrics.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
 
 import torch
 from torch import nn
@@ -48,12 +46,12 @@ from workers.ps.store import TableConfig
 from workers.sdk.telemetry import telemetry
 
 __all__ = [
+    "SGD",
     "Adagrad",
     "Adam",
     "Batch",
     "Dataset",
     "Mode",
-    "SGD",
     "Session",
     "ShardedEmbeddingBag",
     "connect",
@@ -63,15 +61,15 @@ __all__ = [
 STATS_EVERY = 20
 
 
-def SGD(lr: float) -> OptimizerConfig:  # noqa: N802 - reads like the torch class it mirrors
+def SGD(lr: float) -> OptimizerConfig:
     return OptimizerConfig("sgd", lr=lr)
 
 
-def Adagrad(lr: float, eps: float = 1e-10, initial_accumulator: float = 0.0) -> OptimizerConfig:  # noqa: N802
+def Adagrad(lr: float, eps: float = 1e-10, initial_accumulator: float = 0.0) -> OptimizerConfig:
     return OptimizerConfig("adagrad", lr=lr, eps=eps, initial_accumulator=initial_accumulator)
 
 
-def Adam(lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> OptimizerConfig:  # noqa: N802
+def Adam(lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> OptimizerConfig:
     return OptimizerConfig("adam", lr=lr, beta1=betas[0], beta2=betas[1], eps=eps)
 
 
@@ -113,7 +111,9 @@ class Step:
         for ps, version in versions.items():
             self.versions[ps] = min(version, self.versions.get(ps, version))
 
-    def _pull(self, tables: dict[str, torch.Tensor], dense: list[str], all_ps: bool = False) -> dict[str, torch.Tensor]:
+    def _pull(
+        self, tables: dict[str, torch.Tensor], dense: list[str], all_ps: bool = False
+    ) -> dict[str, torch.Tensor]:
         rows, values, versions = self.session.client.pull(tables, dense, self.info, all_ps=all_ps)
         self._merge(versions)
         for name, ids in tables.items():
@@ -242,7 +242,9 @@ class Session:
         grads = {}
         for name in self.dense_names:
             param = self._dense_map[name]
-            grads[name] = (param.grad if param.grad is not None else torch.zeros_like(param)).detach().float().cpu()
+            grads[name] = (
+                (param.grad if param.grad is not None else torch.zeros_like(param)).detach().float().cpu()
+            )
             param.grad = None
         return grads
 
@@ -299,6 +301,13 @@ class Session:
         self.duplicates += outcome.duplicate
         if self.first_push_at is None:
             self.first_push_at = time.time()
+            # A joining worker's "I am in": the console can time a resize by it (and bench/ps does).
+            telemetry().event(
+                "ps_first_push",
+                "info",
+                f"{self.worker} pushed its first gradient",
+                {"worker": self.worker, "at": self.first_push_at},
+            )
         if batch is not None:
             self.examples += batch.examples
             self._window_examples += batch.examples
@@ -335,5 +344,3 @@ class Session:
         self.coordinator.leave()
         self.coordinator.close()
         self.client.close()
-
-

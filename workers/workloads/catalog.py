@@ -105,7 +105,10 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             ),
             "epochs": Hyperparameter(1, int, "parameter_server strategy: passes over the examples", 1),
             "shard_batches": Hyperparameter(
-                4, int, "parameter_server strategy: batches per data shard (the unit re-queued when a worker is lost)", 1
+                4,
+                int,
+                "parameter_server strategy: batches per data shard (the unit re-queued when a worker is lost)",
+                1,
             ),
         },
     ),

@@ -199,7 +199,9 @@ def auc(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> float:
     return float(roc_auc_score(clicks.cpu().numpy(), logits.cpu().numpy()))
 
 
-def train_ps(hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any], None] | None = None) -> None:
+def train_ps(
+    hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any], None] | None = None
+) -> None:
     """The ``parameter_server`` strategy: a PS worker under the environment contract of
     workers/ps/contract.py. Worker 0 logs the loss and AUC; every worker its throughput and
     staleness (``worker_*``). ``on_batch(session, batch)`` runs after each push (tests)."""
@@ -213,7 +215,9 @@ def train_ps(hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any]
     device = runtime.device
     log = ClickLog(hp)
     optimizer = sdk_ps.Adam(lr=hp["embedding_lr"])
-    tables = {name: session.embedding_bag(name, hp["dim"], optimizer, init_std=EMBEDDING_STD) for name in TABLES}
+    tables = {
+        name: session.embedding_bag(name, hp["dim"], optimizer, init_std=EMBEDDING_STD) for name in TABLES
+    }
     torch.manual_seed(hp["seed"])
     model = DLRM(hp, sparse=False, tables=dict(tables)).to(device)
     dense = model.dense_part()
@@ -221,7 +225,9 @@ def train_ps(hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any]
     hybrid = session.mode is sdk_ps.Mode.HYBRID
     wrapped: nn.Module = model
     if hybrid and runtime.distributed:
-        wrapped = DistributedDataParallel(model, device_ids=[runtime.local_rank] if device.type == "cuda" else None)
+        wrapped = DistributedDataParallel(
+            model, device_ids=[runtime.local_rank] if device.type == "cuda" else None
+        )
     workers = max(1, session.env.worker_count)
     examples = hp["examples"] or hp["steps"] * hp["batch_size"] * workers
     dataset = sdk_ps.Dataset(examples, hp["batch_size"] * hp["shard_batches"], hp["batch_size"], hp["epochs"])
@@ -249,7 +255,13 @@ def train_ps(hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any]
                 features = tuple(t.to(device) for t in log.examples(batch.start, batch.end, hp["seed"]))
                 dense_in, users, items, categories, history, clicks = features
                 with session.step(batch) as step:
-                    step.prefetch({"users": users, "items": torch.cat([items, history.reshape(-1)]), "categories": categories})
+                    step.prefetch(
+                        {
+                            "users": users,
+                            "items": torch.cat([items, history.reshape(-1)]),
+                            "categories": categories,
+                        }
+                    )
                     with runtime.autocast():
                         logits = wrapped(dense_in, users, items, categories, history)
                     loss = F.binary_cross_entropy_with_logits(logits.float(), clicks)
