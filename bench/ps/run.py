@@ -10,7 +10,8 @@
   holds every table with its Adam state (3 x 4 bytes x rows x dim per table), so 10M x 64 would need
   ~15 GB per rank: it runs at ``--allreduce-rows`` (default 1M), the largest that fits here twice.
 - pull / push latency: a probe client pulls and pushes 1,000 x 64 float32 rows (a probe table, lr 0)
-  on the running asynchronous PS while the workers train: p50 / p99 per repetition, median of 5.
+  on the asynchronous PS after training, its workers stopped: p50 / p99 per repetition of 100
+  calls, median of 5 (the workers' own latencies under load are in their ``worker_*`` telemetry).
 - worker join: a third worker started while the PS job trains, timed from its spawn to its first
   push (its ``ps_first_push`` telemetry event); repeated, median.
 
@@ -45,7 +46,7 @@ from workers.ps.store import TableConfig  # noqa: E402
 BATCH = 512
 WORKERS = 2
 PROBE_ROWS = 1000
-PROBE_CALLS = 200
+PROBE_CALLS = 100
 
 
 class Stop(Exception):
@@ -233,8 +234,8 @@ def main() -> int:
     results: dict[str, Any] = {}
     jobs: list[LocalPsJob] = []
     started = time.monotonic()
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-ps-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-ps-") as scratch:
+        try:
             workdir = Path(scratch)
             argv = ["-m", "workers.workloads", "recsys-embedding", *settings(args.rows, args.dim)]
             for mode in (Mode.ASYNC, Mode.HYBRID):
@@ -245,22 +246,29 @@ def main() -> int:
                 results[f"{mode.value}_rates"] = throughput(job, args.windows, args.window_s)
                 print(f"{mode.value}: {summary(results[f'{mode.value}_rates'])}", flush=True)
                 if mode is Mode.ASYNC:
-                    pull, push = probe_latency(job, args.dim)
-                    results["pull"], results["push"] = pull, push
                     results["joins"] = worker_joins(job, argv, args.joins)
+                    print(f"worker joins: {summary(results['joins'])}", flush=True)
                     stats = job.client().stats()
                     results["ps_rows"] = [s["rows"] for s in stats]
                     results["ps_rss_mb"] = [s["rss_bytes"] >> 20 for s in stats]
+                    # Latency on the PS as training left it, without the workers competing for the
+                    # two cores (the workers' own p99 under load is in their worker_* telemetry).
+                    for index in range(WORKERS):
+                        job.kill(f"worker-{index}", signal.SIGTERM)
+                    for index in range(WORKERS):
+                        job.processes[f"worker-{index}"].wait(60)
+                    results["pull"], results["push"] = probe_latency(job, args.dim)
                 job.stop()
             results["allreduce_rates"] = allreduce(
                 workdir, args.allreduce_rows, args.dim, args.windows, args.window_s
             )
-    except Stop as stop:
-        print(f"interrupted by {stop}: stopping every process", file=sys.stderr)
-        return 130
-    finally:
-        for job in jobs:
-            job.stop()
+        except Stop as stop:
+            print(f"interrupted by {stop}: stopping every process", file=sys.stderr)
+            return 130
+        finally:
+            # Before the scratch directory goes: a PS writes its final checkpoint on SIGTERM.
+            for job in jobs:
+                job.stop()
     report(results, args, time.monotonic() - started)
     return 0
 
