@@ -47,7 +47,7 @@ def test_async_ps_reaches_the_allreduce_auc(ps_job: Callable[..., LocalPsJob], t
         [
             r["values"]["worker_examples"]
             for r in telemetry(job, "worker", i)
-            if "worker_examples" in r["values"]
+            if "worker_examples" in r.get("values", {})
         ][-1]
         for i in range(2)
     )

@@ -100,3 +100,19 @@ def test_the_barrier_closes_for_the_live_workers_and_names_who_completed_the_las
     # then step 1 closes without waiting for b, and step 0 is finalized from a's pushes alone
     assert step1 is not None and step1.step == 1 and step1.members == ["a"]
     assert step1.finalize_step == 0 and step1.finalize_workers == ["a"]
+
+
+def test_the_first_synchronous_step_waits_for_the_initial_workers() -> None:
+    # Given a job started with two workers, of which only a has registered
+    clock = Clock()
+    q = ShardQueue(lease_s=100.0, clock=clock, min_workers=2)
+    q.register("a", Dataset(examples=100, shard_size=30, batch_size=10, epochs=1))
+    # when a reaches the barrier, then the step does not close without b
+    assert q.begin_step("a", True, wait_s=0.3) is None
+    q.register("b", None)
+    results: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: results.update(a=q.begin_step("a", True, wait_s=10)))
+    thread.start()
+    step = q.begin_step("b", True, wait_s=10)
+    thread.join()
+    assert step is not None and step.members == ["a", "b"] and results["a"] == step

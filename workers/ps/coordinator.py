@@ -36,6 +36,8 @@ log = logging.getLogger("trainyard.ps.coordinator")
 # How long a BeginStep call waits on the server before telling the worker to call again (keeps
 # a gRPC thread from being held forever by a barrier that waits for a slow joiner).
 BARRIER_WAIT_S = 20.0
+# Synchronous mode: how long the first step waits for the job's initial workers to register.
+START_WAIT_S = 120.0
 
 
 class CoordinatorError(Exception):
@@ -79,6 +81,10 @@ class ShardQueue:
     lease_s: float
     mode: str = "async"
     clock: object = time.monotonic
+    # Synchronous mode: the first step waits for this many workers (or START_WAIT_S), like a
+    # rendezvous: otherwise the first worker to start runs alone until the others arrive.
+    min_workers: int = 0
+    first_registered: float | None = None
     dataset: Dataset | None = None
     epoch: int = 0
     leases: dict[str, float] = field(default_factory=dict)  # worker -> deadline
@@ -121,6 +127,8 @@ class ShardQueue:
                         f"this job's dataset is {self.dataset}; worker {worker!r} declared {dataset}",
                     )
             self.leases[worker] = self._now() + self.lease_s
+            if self.first_registered is None:
+                self.first_registered = self._now()
             self._try_close()
 
     def heartbeat(self, worker: str) -> bool:
@@ -231,11 +239,16 @@ class ShardQueue:
                     return None
                 self.lock.wait(min(remaining, 0.2))
                 self.expire()
+                self._try_close()  # the start-up wait may have run out
             return self.results.pop(worker)
 
     def _try_close(self) -> None:
         if not self.arrived or not set(self.leases) <= set(self.arrived):
             return
+        if self.open_step == 0 and len(self.leases) < self.min_workers:
+            started = self.first_registered if self.first_registered is not None else self._now()
+            if self._now() - started < START_WAIT_S:
+                return
         arrived = set(self.arrived)
         self.completed_last |= arrived & set(self.last_members)
         members = sorted(worker for worker, has_batch in self.arrived.items() if has_batch)
@@ -342,7 +355,7 @@ class Servicer(ps_pb2_grpc.CoordinatorServicer):
 
 
 def serve(env: contract.PsEnv) -> int:
-    queue = ShardQueue(lease_s=env.lease_s, mode=env.mode.value)
+    queue = ShardQueue(lease_s=env.lease_s, mode=env.mode.value, min_workers=env.worker_count)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     ps_pb2_grpc.add_CoordinatorServicer_to_server(Servicer(queue), server)
     if server.add_insecure_port(env.listen_address) == 0:

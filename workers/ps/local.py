@@ -56,6 +56,7 @@ class LocalPsJob:
     max_data_bytes: int | None = None
     checkpoint_every_s: float = 30.0
     stats_every_s: float = 1.0
+    worker_count: int = 0  # the initial workers (a synchronous job's first step waits for them)
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -105,7 +106,9 @@ class LocalPsJob:
 
     def start_coordinator(self) -> None:
         process = self._spawn(
-            "coordinator", [sys.executable, "-m", "workers.ps.coordinator"], self.env(Role.COORDINATOR, 0)
+            "coordinator",
+            [sys.executable, "-m", "workers.ps.coordinator"],
+            self.env(Role.COORDINATOR, 0, self.worker_count),
         )
         wait_listening(self.coordinator, 60, process)
 
