@@ -90,7 +90,7 @@ def test_malformed_requests_get_clear_statuses_over_grpc() -> None:
             for request, message in cases:
                 with pytest.raises(grpc.RpcError) as caught:
                     stub.Pull(request, timeout=10)
-                assert message in caught.value.details()  # type: ignore[attr-defined]
+                assert message in str(caught.value.details())  # type: ignore[attr-defined]
                 assert caught.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)  # type: ignore[attr-defined]
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Checkpoint(ps_pb2.CheckpointRequest(), timeout=10)

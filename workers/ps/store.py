@@ -104,7 +104,7 @@ class TableShard:
             return [(int(block_of[0]), None, torch.from_numpy(offsets))]
         order = np.argsort(block_of, kind="stable")
         edges = np.flatnonzero(np.diff(block_of[order])) + 1
-        groups = []
+        groups: list[Group] = []
         for positions in np.split(order, edges):
             if len(positions):
                 groups.append(
