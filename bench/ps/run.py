@@ -229,6 +229,9 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--joins", type=int, default=5)
     args = parser.parse_args()
+    # The probe client runs here: one thread, like the workers (OMP_NUM_THREADS=1), so its numbers
+    # do not include torch's intra-op threads waiting for a core on a busy machine.
+    torch.set_num_threads(1)
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     results: dict[str, Any] = {}

@@ -168,10 +168,13 @@ class PsClient:
         for ps, reply in replies.items():
             for (name, where), encoded in zip(positions[ps], reply.rows, strict=True):
                 part = tensors.decode(encoded)
+                if where.numel() == tables[name].numel():
+                    rows[name] = part  # one PS holds them all, in request order
+                    continue
                 if name not in rows:
                     dims[name] = part.shape[1]
                     rows[name] = torch.empty(tables[name].numel(), dims[name])
-                rows[name][where] = part
+                rows[name].index_copy_(0, where, part)
         values: dict[str, torch.Tensor] = {}
         for ps, reply in replies.items():
             names = [n for n in dense if dense_owner[n] == ps]
