@@ -122,3 +122,12 @@ _timer = StepTimer()
 def step(step: int, samples: int = 0, tokens: int = 0) -> StepTimer:
     """``with sdk.step(step, samples=n):`` times one step and reports throughput and memory."""
     return _timer(step, samples, tokens)
+
+
+def __getattr__(name: str) -> Any:
+    # ``sdk.ps`` brings in grpc: imported on first use, so scripts without a PS do not pay for it.
+    if name == "ps":
+        import importlib
+
+        return importlib.import_module("workers.sdk.ps")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,9 +8,11 @@ gradient accumulation from TRAINYARD_GRAD_ACCUM_STEPS unless the flags say other
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from workers import protocol
 from workers.workloads.catalog import PRECISIONS, WORKLOADS, parse_overrides
 
 if TYPE_CHECKING:
@@ -59,8 +61,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(name: str, hp: dict[str, Any], runtime: Runtime) -> None:
-    from workers.workloads.common import train
+    from workers.workloads.common import WorkloadError, train
 
+    if os.environ.get(protocol.ENV_STRATEGY) == "parameter_server":
+        if name != "recsys-embedding":
+            raise WorkloadError(f"{name} has no parameter_server version; recsys-embedding has")
+        from workers.workloads.recsys import train_ps
+
+        train_ps(hp, runtime)
+        return
     train(_task(name, hp, runtime), hp, runtime)
 
 

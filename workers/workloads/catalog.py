@@ -97,6 +97,19 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "bag_size": Hyperparameter(4, int, "ids per sample in the history bag", 1),
             "dense_features": Hyperparameter(8, int, "dense input features", 1),
             "eval_samples": Hyperparameter(8192, int, "held-out samples for AUC", 64),
+            "examples": Hyperparameter(
+                0,
+                int,
+                "parameter_server strategy: examples per epoch (0 = steps x batch_size x initial workers)",
+                0,
+            ),
+            "epochs": Hyperparameter(1, int, "parameter_server strategy: passes over the examples", 1),
+            "shard_batches": Hyperparameter(
+                4,
+                int,
+                "parameter_server strategy: batches per data shard (the unit re-queued when a worker is lost)",
+                1,
+            ),
         },
     ),
     "tiny-lm": WorkloadInfo(

@@ -8,10 +8,16 @@ power law, as in real logs, so popular rows are seen often and the long tail rar
 
 The tables are ``nn.EmbeddingBag`` with sparse gradients (on CPU/gloo): only rows a batch touches
 get a gradient, SparseAdam updates only those rows, and DDP all-reduces the sparse gradients.
+
+With the ``parameter_server`` strategy (``train_ps``) the tables live on the PS processes
+(``sdk.ps``), the examples come from the coordinator's shards, and the dense layers are on the PS
+too (modes ``async``, ``sync``) or local and all-reduced by DDP among the workers (``hybrid``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +29,8 @@ from workers.workloads.common import Runtime, Task, seeded
 # P(id < k) = (k / rows) ** (1 / ID_SKEW): with 3, a tenth of impressions hit the top 0.1 % ids.
 ID_SKEW = 3.0
 HIDDEN = 64
+EMBEDDING_STD = 0.05
+TABLES = ("users", "items", "categories")
 
 
 class ClickLog:
@@ -62,18 +70,31 @@ class ClickLog:
         clicks = torch.bernoulli(torch.sigmoid(logit), generator=generator)
         return dense, users, items, categories, history, clicks
 
+    def examples(self, start: int, end: int, seed: int) -> tuple[torch.Tensor, ...]:
+        """Examples [start, end) of the sharded click log (parameter_server strategy): a pure
+        function of the range, so whichever worker is handed a batch sees the same data."""
+        return self.sample(end - start, seeded(seed, 104729, start))
+
 
 class DLRM(nn.Module):
     pair_index: torch.Tensor
 
-    def __init__(self, hp: dict[str, Any], sparse: bool) -> None:
+    def __init__(self, hp: dict[str, Any], sparse: bool, tables: dict[str, nn.Module] | None = None) -> None:
+        """``tables``: modules standing in for the three tables (``sdk.ps.ShardedEmbeddingBag``)."""
         super().__init__()
         dim = hp["dim"]
-        self.users = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
-        self.items = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
-        self.categories = nn.EmbeddingBag(hp["small_rows"], dim, mode="mean", sparse=sparse)
-        for table in (self.users, self.items, self.categories):
-            nn.init.normal_(table.weight, std=0.05)
+        self.users: nn.Module
+        self.items: nn.Module
+        self.categories: nn.Module
+        if tables is not None:
+            self.users, self.items, self.categories = tables["users"], tables["items"], tables["categories"]
+        else:
+            self.users = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
+            self.items = nn.EmbeddingBag(hp["rows"], dim, mode="mean", sparse=sparse)
+            self.categories = nn.EmbeddingBag(hp["small_rows"], dim, mode="mean", sparse=sparse)
+            for table in (self.users, self.items, self.categories):
+                assert isinstance(table, nn.EmbeddingBag)
+                nn.init.normal_(table.weight, std=EMBEDDING_STD)
         self.bottom = nn.Sequential(
             nn.Linear(hp["dense_features"], HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, dim)
         )
@@ -107,6 +128,10 @@ class DLRM(nn.Module):
         logits: torch.Tensor = self.top(torch.cat([bottom, pairs], dim=1)).squeeze(1)
         return logits
 
+    def dense_part(self) -> nn.ModuleDict:
+        """The layers that are not embedding tables (the PS strategy's dense parameters)."""
+        return nn.ModuleDict({"bottom": self.bottom, "top": self.top})
+
 
 class RecsysTask(Task):
     name = "recsys-embedding"
@@ -125,7 +150,7 @@ class RecsysTask(Task):
     def _tables(self) -> list[torch.Tensor]:
         model = self.model
         assert isinstance(model, DLRM)
-        return [model.users.weight, model.items.weight, model.categories.weight]
+        return [table.weight for table in (model.users, model.items, model.categories)]  # type: ignore[misc]
 
     def clip_parameters(self) -> list[torch.Tensor]:
         tables = {id(p) for p in self._tables()}
@@ -161,3 +186,101 @@ class RecsysTask(Task):
             logits = self.model(*features).float()
         auc = roc_auc_score(clicks.cpu().numpy(), logits.cpu().numpy())
         return {"auc": float(auc), "ctr": float(clicks.mean())}
+
+
+def auc(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    model.eval()
+    *features, clicks = batch
+    with torch.no_grad():
+        logits = model(*features).float()
+    model.train()
+    return float(roc_auc_score(clicks.cpu().numpy(), logits.cpu().numpy()))
+
+
+def train_ps(
+    hp: dict[str, Any], runtime: Runtime, on_batch: Callable[[Any, Any], None] | None = None
+) -> None:
+    """The ``parameter_server`` strategy: a PS worker under the environment contract of
+    workers/ps/contract.py. Worker 0 logs the loss and AUC; every worker its throughput and
+    staleness (``worker_*``). ``on_batch(session, batch)`` runs after each push (tests)."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workers import sdk
+    from workers.sdk import ps as sdk_ps
+
+    session = sdk_ps.connect(device=runtime.device)
+    device = runtime.device
+    log = ClickLog(hp)
+    optimizer = sdk_ps.Adam(lr=hp["embedding_lr"])
+    tables = {
+        name: session.embedding_bag(name, hp["dim"], optimizer, init_std=EMBEDDING_STD) for name in TABLES
+    }
+    torch.manual_seed(hp["seed"])
+    model = DLRM(hp, sparse=False, tables=dict(tables)).to(device)
+    dense = model.dense_part()
+    session.dense(dense, sdk_ps.Adam(lr=hp["lr"]))
+    hybrid = session.mode is sdk_ps.Mode.HYBRID
+    wrapped: nn.Module = model
+    if hybrid and runtime.distributed:
+        wrapped = DistributedDataParallel(
+            model, device_ids=[runtime.local_rank] if device.type == "cuda" else None
+        )
+    workers = max(1, session.env.worker_count)
+    examples = hp["examples"] or hp["steps"] * hp["batch_size"] * workers
+    dataset = sdk_ps.Dataset(examples, hp["batch_size"] * hp["shard_batches"], hp["batch_size"], hp["epochs"])
+    held_out = tuple(t.to(device) for t in log.sample(hp["eval_samples"], seeded(hp["seed"], -1)))
+    is_main = session.env.index == 0
+    timer = sdk.StepTimer(every=hp["log_every"])
+    sdk.install_stop_handler()
+    window_loss = 0.0
+    window = 0
+
+    def evaluate(step: int, loss: float | None) -> None:
+        session.refresh_dense()
+        values = {"auc": auc(model, held_out)}
+        if loss is not None:
+            values["loss"] = loss
+        sdk.log(step, **values)
+
+    # Workers get uneven numbers of batches from the shard queue: Join keeps DDP's collectives
+    # matched for the ones that run out first (hybrid only; the PS modes have no collectives).
+    joined = Join([wrapped]) if isinstance(wrapped, DistributedDataParallel) else contextlib.nullcontext()
+    with joined:
+        for batch in session.batches(dataset):
+            step_number = session.pushes + 1
+            with timer(step_number):
+                features = tuple(t.to(device) for t in log.examples(batch.start, batch.end, hp["seed"]))
+                dense_in, users, items, categories, history, clicks = features
+                with session.step(batch) as step:
+                    step.prefetch(
+                        {
+                            "users": users,
+                            "items": torch.cat([items, history.reshape(-1)]),
+                            "categories": categories,
+                        }
+                    )
+                    with runtime.autocast():
+                        logits = wrapped(dense_in, users, items, categories, history)
+                    loss = F.binary_cross_entropy_with_logits(logits.float(), clicks)
+                    loss.backward()
+                    if hp["grad_clip"] > 0:
+                        torch.nn.utils.clip_grad_norm_(dense.parameters(), hp["grad_clip"])
+                timer.count(batch.examples)
+            if on_batch is not None:
+                on_batch(session, batch)
+            window_loss += float(loss.detach())
+            window += 1
+            if is_main and session.pushes % hp["log_every"] == 0:
+                evaluate(session.pushes, window_loss / window)
+                window_loss, window = 0.0, 0
+            if sdk.stop_requested():
+                break
+    if is_main:
+        evaluate(max(1, session.pushes), window_loss / window if window else None)
+    session.report()
+    sdk.flush()
+    session.close()
+    print(f"worker {session.env.index}: {session.pushes} batches, {session.examples} examples", flush=True)
