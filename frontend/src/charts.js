@@ -166,12 +166,12 @@ export class ChartGroup {
   setBoundaries(boundaries) {
     this.boundaries = boundaries;
     this.charts.forEach((c) => c.invalidate());
+    if (this.onBoundaries) this.onBoundaries(this.boundaries);
   }
 
   addBoundary(boundary) {
     if (this.boundaries.some((b) => b.round === boundary.round)) return false;
-    this.boundaries = [...this.boundaries, boundary].sort((a, b) => a.step - b.step);
-    this.charts.forEach((c) => c.invalidate());
+    this.setBoundaries([...this.boundaries, boundary].sort((a, b) => a.step - b.step));
     return true;
   }
 

@@ -379,6 +379,12 @@ const charts = new JobCharts(jobId, $("charts"), {
     renderProgress();
   },
 });
+// The boundaries drawn on the charts, also as text (for screen readers, and to read exact steps).
+charts.group.onBoundaries = (list) => {
+  $("round-boundaries").textContent = list.length
+    ? `Round boundaries: ${list.map((b) => `round ${b.round} (${b.reason}${b.world ? `, world ${b.world}` : ""}) from step ${b.step}`).join("; ")}.`
+    : "";
+};
 charts.group.setBoundaries(config.boundaries);
 $("layers-toggle")?.addEventListener("change", (ev) => charts.setLayers(ev.target.checked).catch(() => {}));
 $("zoom-reset").addEventListener("click", () => charts.group.resetZoom());

@@ -151,8 +151,9 @@ export class LogView {
       }
     }
     const height = this.viewport.clientHeight || 400;
-    const first = Math.max(0, Math.floor(this.viewport.scrollTop / ROW_HEIGHT) - OVERSCAN);
     const count = Math.ceil(height / ROW_HEIGHT) + OVERSCAN * 2;
+    // scrollTop may still be past a list that a filter just shortened.
+    const first = Math.min(Math.max(0, Math.floor(this.viewport.scrollTop / ROW_HEIGHT) - OVERSCAN), Math.max(0, total - count));
     const last = Math.min(total, first + count);
     const key = `${first}:${last}:${total}`;
     if (key === this.lastKey) return;
