@@ -85,7 +85,9 @@ def seed_logs(job: Job) -> None:
     for rnd, steps in ((1, range(0, 200, 10)), (2, range(200, 400, 10))):
         for rank in range(4):
             for seq, step in enumerate(steps):
-                lines.append((rnd, rank, "stdout", seq, f"rank {rank}: step {step} loss {3.0 * 0.993**step:.4f}"))
+                lines.append(
+                    (rnd, rank, "stdout", seq, f"rank {rank}: step {step} loss {3.0 * 0.993**step:.4f}")
+                )
     for i, text in enumerate(
         [
             "Traceback (most recent call last):",
@@ -129,8 +131,15 @@ def make_cluster(owner: User) -> Job:
     for i, state in enumerate(["SUCCEEDED", "FAILED", "STOPPED"]):
         Job.objects.create(name=f"sweep-{i}", workload="digits", owner=owner, state=state)
     Job.objects.create(
-        name="big-pretrain", workload="tiny-lm", owner=owner, min_nodes=3, max_nodes=3, desired_nodes=3,
-        nproc_per_node=4, gpus_per_proc=1, priority=5,
+        name="big-pretrain",
+        workload="tiny-lm",
+        owner=owner,
+        min_nodes=3,
+        max_nodes=3,
+        desired_nodes=3,
+        nproc_per_node=4,
+        gpus_per_proc=1,
+        priority=5,
     )
     Job.objects.create(name="small-eval", workload="digits", owner=owner)
     job = Job.objects.create(
@@ -149,30 +158,61 @@ def make_cluster(owner: User) -> Job:
         hyperparameters={"lr": 0.003, "batch_size": 16},
         started_at=now,
     )
-    cause = {"round": 1, "node": "gpu-a", "rank": 1, "local_rank": 1, "exit_code": 1, "signal": None,
-             "error": "Traceback (most recent call last):\n  ...\n" + ERROR_TEXT}
+    cause = {
+        "round": 1,
+        "node": "gpu-a",
+        "rank": 1,
+        "local_rank": 1,
+        "exit_code": 1,
+        "signal": None,
+        "error": "Traceback (most recent call last):\n  ...\n" + ERROR_TEXT,
+    }
     for number, reason in [(1, "start"), (2, "failure")]:
         rnd = Round.objects.create(
-            job=job, number=number, reason=reason, world_size=4, master_addr="10.0.0.1",
-            master_port=29500 + number, outcome="failed" if number == 1 else "",
+            job=job,
+            number=number,
+            reason=reason,
+            world_size=4,
+            master_addr="10.0.0.1",
+            master_port=29500 + number,
+            outcome="failed" if number == 1 else "",
             failure=cause if number == 1 else {},
         )
         for node_rank, node in enumerate(nodes[:2]):
-            exits = [{"rank": 1, "local_rank": 1, "exit_code": 1, "signal": None}] if number == 1 and node_rank == 0 else []
+            exits = (
+                [{"rank": 1, "local_rank": 1, "exit_code": 1, "signal": None}]
+                if number == 1 and node_rank == 0
+                else []
+            )
             Allocation.objects.create(
-                round=rnd, node=node, node_rank=node_rank, nproc=2, gpu_indices=[0, 1],
+                round=rnd,
+                node=node,
+                node_rank=node_rank,
+                nproc=2,
+                gpu_indices=[0, 1],
                 state=("FAILED" if node_rank == 0 else "STOPPED") if number == 1 else "RUNNING",
                 exit_info={"exits": exits},
             )
     emit("job.submitted", "Submitted by olivia", job=job)
     emit("round.started", "Round 1 started on gpu-a, gpu-b (world 4)", job=job)
-    emit("rank.failed", "Rank 1 on gpu-a failed with exit code 1", job=job, severity=Severity.ERROR, cause=cause)
+    emit(
+        "rank.failed",
+        "Rank 1 on gpu-a failed with exit code 1",
+        job=job,
+        severity=Severity.ERROR,
+        cause=cause,
+    )
     emit("round.started", "Round 2 started on gpu-a, gpu-b (world 4)", job=job)
     emit("anomaly.loss_spike", "Loss jumped 3.1x at step 150", job=job, severity=Severity.WARNING)
     for step in (100, 200, 300):
-        Checkpoint.objects.create(job=job, round_number=1 if step < ROUND_2_FROM else 2, step=step,
-                                  path=f"/ckpt/job-{job.pk}/step-{step}.pt", size_bytes=48 * 2**20 + step,
-                                  blocking_ms=12.5)
+        Checkpoint.objects.create(
+            job=job,
+            round_number=1 if step < ROUND_2_FROM else 2,
+            step=step,
+            path=f"/ckpt/job-{job.pk}/step-{step}.pt",
+            size_bytes=48 * 2**20 + step,
+            blocking_ms=12.5,
+        )
     seed_metrics(job)
     seed_logs(job)
     return job
@@ -205,8 +245,15 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
     job = make_cluster(operator)
     archive = code_archive(tmp_path)
     errors: list[str] = []
-    late_line = LogLine(job=job, round_number=2, rank=2, stream="stdout", seq=999,
-                        text="rank 2: a line written while the page polls", time=datetime.now(UTC))
+    late_line = LogLine(
+        job=job,
+        round_number=2,
+        rank=2,
+        stream="stdout",
+        seq=999,
+        text="rank 2: a line written while the page polls",
+        time=datetime.now(UTC),
+    )
 
     started = time.monotonic()
 
@@ -230,14 +277,23 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         # When the operator opens the job, every signal has a chart with its latest value
         page.goto(f"{console_url}/jobs/{job.pk}/")
         for chart, text in [
-            ("loss", "val_loss"), ("grad", "grad_norm"), ("samples", "samples_per_s"),
-            ("tokens", "tokens_per_s"), ("lr", "lr"), ("memory", "GiB"), ("eval", "perplexity"),
-            ("params", "param_norm"), ("update", "update_ratio"), ("steptime", "straggler"),
+            ("loss", "val_loss"),
+            ("grad", "grad_norm"),
+            ("samples", "samples_per_s"),
+            ("tokens", "tokens_per_s"),
+            ("lr", "lr"),
+            ("memory", "GiB"),
+            ("eval", "perplexity"),
+            ("params", "param_norm"),
+            ("update", "update_ratio"),
+            ("steptime", "straggler"),
         ]:
             expect(page.locator(f'[data-chart="{chart}"] .chart-legend')).to_contain_text(text, timeout=15000)
             expect(page.locator(f'[data-chart="{chart}"] canvas')).to_have_count(1)
         expect(page.locator('[data-chart="loss"] .chart-head h3')).to_have_text("Loss")
-        expect(page.locator("#round-boundaries")).to_contain_text(f"round 2 (failure, world 4) from step {ROUND_2_FROM}")
+        expect(page.locator("#round-boundaries")).to_contain_text(
+            f"round 2 (failure, world 4) from step {ROUND_2_FROM}"
+        )
         # progress from the script's own total (sdk.progress → total_steps), with an ETA
         expect(page.locator("#job-progress")).to_have_text(f"{STEPS}/1000")
         expect(page.locator("#job-eta")).to_contain_text("ETA")
@@ -262,7 +318,7 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         page.fill("#zoom-from", "100")
         page.fill("#zoom-to", "250")
         page.click('#zoom-form button[type="submit"]')
-        expect(page.locator("#zoom-state")).to_have_text("steps 100–250")
+        expect(page.locator("#zoom-state")).to_have_text("steps 100\u2013250")
         zoomed = page.evaluate("() => [...document.querySelectorAll('.chart .u-over')].length")
         assert zoomed >= 10
         shot(page, "job")
@@ -301,7 +357,9 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         log_in(light, console_url, "olivia", "pw-operator-1")
         light.goto(f"{console_url}/jobs/{job.pk}/")
         expect(light.locator('[data-chart="loss"] canvas')).to_have_count(1, timeout=15000)
-        expect(light.locator('[data-chart="steptime"] .chart-legend')).to_contain_text("straggler", timeout=15000)
+        expect(light.locator('[data-chart="steptime"] .chart-legend')).to_contain_text(
+            "straggler", timeout=15000
+        )
         assert_accessible(light, "job page (light)")
         shot(light, "job-light")
         light.context.close()
@@ -319,7 +377,9 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         expect(page.locator("#live-status")).to_have_text("live", timeout=15000)
         expect(page.locator('[data-chart="loss"] canvas')).to_have_count(1, timeout=15000)
         sockets[-1].close(code=1001, reason="network went away")
-        expect(page.locator("#live-status")).to_have_attribute("data-state", re.compile("reconnecting|polling"))
+        expect(page.locator("#live-status")).to_have_attribute(
+            "data-state", re.compile("reconnecting|polling")
+        )
         expect(page.locator("#live-status")).to_have_text("live", timeout=20000)
         assert len(sockets) == 2
         expect(page.locator('[data-chart="loss"] canvas')).to_have_count(1)

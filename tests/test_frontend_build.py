@@ -17,7 +17,9 @@ import pytest
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 BUNDLES = ["job", "dashboard", "node", "submit", "apidocs"]
-BANNER = re.compile(r"^/\* trainyard frontend; uplot (?P<version>[\w.\-]+); sources (?P<digest>[0-9a-f]{16}) \*/")
+BANNER = re.compile(
+    r"^/\* trainyard frontend; uplot (?P<version>[\w.\-]+); sources (?P<digest>[0-9a-f]{16}) \*/"
+)
 
 
 def source_digest() -> str:

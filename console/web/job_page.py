@@ -19,12 +19,15 @@ EVENTS_SHOWN = 300
 # The series whose first step marks a round (every script logs loss; the SDK's step timer
 # reports step time). Tried in order.
 BOUNDARY_SERIES = ("loss", "step_time_s", "samples_per_s", "grad_norm")
+# Logged at step 0 whatever the step (sdk.progress): never a round's first step.
+NOT_A_STEP = {"total_steps"}
 TOTAL_STEPS = "total_steps"
 
 
 def _first_step(job_id: int, number: int, names: list[str]) -> int | None:
     """The first step a round logged: its first tile bounds the raw read from below."""
-    for name in [n for n in BOUNDARY_SERIES if n in names] or names[:1]:
+    stepped = [n for n in names if n not in NOT_A_STEP]
+    for name in [n for n in BOUNDARY_SERIES if n in names] or stepped[:1]:
         tile = (
             MetricRollup.objects.filter(job_id=job_id, name=name, round_number=number)
             .order_by("bucket_step")

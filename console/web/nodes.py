@@ -47,7 +47,9 @@ def pending_queue() -> list[QueueEntry]:
     caps = list(control.capacities().values())
     last_pending = {
         e.job_id: e.message
-        for e in Event.objects.filter(job__in=jobs, kind="job.pending").order_by("id").only("job_id", "message")
+        for e in Event.objects.filter(job__in=jobs, kind="job.pending")
+        .order_by("id")
+        .only("job_id", "message")
     }
     entries = []
     blocked_by: Job | None = None
@@ -71,7 +73,9 @@ def pending_queue() -> list[QueueEntry]:
 
 def node_context(node: Node) -> dict[str, Any]:
     """A node with what it holds now (current rounds of active jobs) and held before."""
-    allocations = Allocation.objects.filter(node=node).select_related("round__job").order_by("-round__created_at")
+    allocations = (
+        Allocation.objects.filter(node=node).select_related("round__job").order_by("-round__created_at")
+    )
     holding = list(
         allocations.filter(
             round__job__state__in=[s.value for s in JobState if s.is_active],
@@ -80,7 +84,9 @@ def node_context(node: Node) -> dict[str, Any]:
         )
     )
     held_ids = {a.pk for a in holding}
-    history = [a for a in allocations[: HISTORY_SHOWN + len(held_ids)] if a.pk not in held_ids][:HISTORY_SHOWN]
+    history = [a for a in allocations[: HISTORY_SHOWN + len(held_ids)] if a.pk not in held_ids][
+        :HISTORY_SHOWN
+    ]
     gpus = list(node.gpus.all())
     return {
         "node": node,

@@ -16,8 +16,7 @@ from django.shortcuts import get_object_or_404, render
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
-from console.jobs.models import Allocation, Job, Precision, Round, Strategy, job_summary
-from console.jobs.models import Bundle
+from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.telemetry.api import log_payload
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine

@@ -335,7 +335,17 @@ async function showFailure(cause) {
 $("log-rank").addEventListener("change", (ev) => logView.setFilter({ rank: ev.target.value }));
 $("log-search").addEventListener("input", (ev) => logView.setFilter({ query: ev.target.value }));
 $("log-follow").addEventListener("click", () => logView.setFollow(!logView.follow));
-$("log-older").addEventListener("click", () => loadLogHistory(LOG_PAGE * 4).catch(() => {}));
+$("log-older").addEventListener("click", async (ev) => {
+  const button = ev.currentTarget;
+  button.disabled = true;
+  try {
+    await loadLogHistory(LOG_PAGE * 4);
+  } catch {
+    // The button stays for another try.
+  } finally {
+    button.disabled = false;
+  }
+});
 $("log-download").addEventListener("click", () => {
   const blob = new Blob([logView.text() + "\n"], { type: "text/plain" });
   const a = document.createElement("a");
@@ -405,10 +415,15 @@ function onMetrics(data) {
   if (data.frame && lastFrame && data.frame > lastFrame + 1) refetchGap();
   if (data.frame) lastFrame = data.frame;
   if (data.round && data.round > liveRound) {
-    // A new round's first points: its boundary goes where they start.
-    const steps = Object.values(data.series || {}).flatMap((pts) => pts.map((p) => p[0]));
+    // A new round's first points: its boundary goes where they start (total_steps is logged at
+    // step 0 whatever the step, so it does not count). The first round has nothing before it.
+    const steps = Object.entries(data.series || {})
+      .filter(([name]) => name !== "total_steps")
+      .flatMap(([, pts]) => pts.map((p) => p[0]));
     if (steps.length) {
-      charts.group.addBoundary({ round: data.round, step: Math.min(...steps), reason: "new round", world: null });
+      if (liveRound >= 1) {
+        charts.group.addBoundary({ round: data.round, step: Math.min(...steps), reason: "new round", world: null });
+      }
       liveRound = data.round;
       scheduleRefresh();
     }
@@ -462,7 +477,9 @@ const live = subscribe({
   intervalMs: 3000,
   status: $("live-status"),
 });
+// Handles for the bench and for debugging from the console: the connection and the log view.
 window.trainyardLive = live;
+window.trainyardLogView = logView;
 
 // --- controls (operators) ---------------------------------------------------------------------
 const actions = $("job-actions");

@@ -3,6 +3,7 @@
 // the API's own field errors beside their fields.
 import { zip } from "fflate";
 import { apiRequest, csrfToken, errorText } from "./api.js";
+import { formatBytes } from "./format.js";
 
 const form = document.getElementById("submit-form");
 const catalog = JSON.parse(document.getElementById("workload-catalog").textContent || "{}");
@@ -226,7 +227,7 @@ async function uploadSelected(input) {
     option.value = String(b.id);
     bundleSelect.insertBefore(option, bundleSelect.options[1] || null);
   }
-  option.textContent = `#${b.id} ${b.filename || "bundle"} (${Math.round(b.size_bytes / 1024)} KiB, just now)`;
+  option.textContent = `#${b.id} ${b.filename || "bundle"} (${formatBytes(b.size_bytes)}, just now)`;
   bundleSelect.value = String(b.id);
   setUploadStatus(`Uploaded ${filename} as bundle #${b.id}.`);
 }

@@ -17,11 +17,16 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 BLOCKING_IMPACTS = {"serious", "critical"}
 
 
+# How long an expectation waits by default: generous, for a machine shared with other builds.
+EXPECT_TIMEOUT_MS = 20_000
+
+
 @contextmanager
 def chromium() -> Iterator[Any]:
     """A Playwright browser (sync API); closed however the test ends."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -50,6 +55,8 @@ def log_in(page: Any, base_url: str, username: str, password: str) -> None:
 
 def shot(page: Any, name: str, *, full_page: bool = True) -> Path:
     path = ARTIFACTS / f"{name}.png"
+    # A full-page shot of a scrolled page draws the sticky top bar mid-page.
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(path), full_page=full_page)
     return path
 
@@ -70,7 +77,10 @@ def assert_accessible(page: Any, name: str, exclude: list[str] | None = None) ->
         {
             "id": v["id"],
             "impact": v["impact"],
-            "nodes": [(n["target"], n.get("failureSummary", "")[:300], n.get("html", "")[:200]) for n in v["nodes"][:4]],
+            "nodes": [
+                (n["target"], n.get("failureSummary", "")[:300], n.get("html", "")[:200])
+                for n in v["nodes"][:4]
+            ],
         }
         for v in found
     ]
