@@ -158,7 +158,7 @@ def walk(browser: Any, page: Any, live_console: LiveConsole, errors: list[str], 
     mark("submitted")
 
     # Then the job runs at world size 2 and loss, grad-norm and throughput points arrive live
-    expect(page.locator("#job-state")).to_have_text("RUNNING", timeout=90000)
+    expect(page.locator("#job-state")).to_have_text("RUNNING", timeout=180000)
     expect(page.locator("#world-size")).to_have_text("2", timeout=30000)
     for chart, name in [("loss", "loss"), ("grad", "grad_norm"), ("samples", "samples_per_s")]:
         expect(page.locator(f'[data-chart="{chart}"] .chart-legend')).to_contain_text(
@@ -266,6 +266,7 @@ def test_operator_runs_resizes_breaks_and_stops_a_job_in_the_browser(live_consol
             job_id = walk(browser, page, live_console, errors, mark)
         except AssertionError:
             print("events seen by the page:\n" + page.locator("#events").inner_text(), flush=True)
+            print(f"page errors: {errors}", flush=True)
             raise
 
     assert errors == []

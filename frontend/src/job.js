@@ -51,7 +51,10 @@ function renderProgress() {
 // --- state ------------------------------------------------------------------------------------
 function applyJob(summary) {
   if (!summary) return;
+  // Progress arrives with every heartbeat; the rest of the page is fetched again only when the
+  // job changes round or state.
   const roundChanged = summary.round !== undefined && summary.round !== job.round;
+  const stateChanged = summary.state !== undefined && summary.state !== job.state;
   Object.assign(job, Object.fromEntries(Object.entries(summary).filter(([, v]) => v !== undefined)));
   setBadge($("job-state"), job.state);
   $("job-round").textContent = job.round;
@@ -60,7 +63,7 @@ function applyJob(summary) {
   if (TERMINAL.has(job.state)) {
     document.querySelectorAll("#job-actions button, #job-actions input").forEach((el) => { el.disabled = true; });
   }
-  if (roundChanged || summary.state) scheduleRefresh();
+  if (roundChanged || stateChanged) scheduleRefresh();
 }
 
 let refreshTimer = null;
@@ -528,5 +531,7 @@ charts.load().catch((err) => { $("charts-error").textContent = `Charts could not
 loadLogHistory(HISTORY_LINES).catch(() => {});
 refreshDetail();
 setInterval(() => {
-  if (!TERMINAL.has(job.state)) refreshRanks().catch(() => {});
+  if (TERMINAL.has(job.state)) return;
+  refreshRanks().catch(() => {});
+  refreshCheckpoints().catch(() => {});
 }, RANKS_EVERY_MS);
