@@ -141,7 +141,13 @@ def make_cluster(owner: User) -> Job:
         gpus_per_proc=1,
         priority=5,
     )
-    Job.objects.create(name="small-eval", workload="digits", owner=owner)
+    small = Job.objects.create(name="small-eval", workload="digits", owner=owner)
+    # A chart of a single point (what a job's first live frame draws) and a flat one
+    with transaction.atomic():
+        store_metrics(
+            [(small.pk, 1, 0, 1, 7, "loss", 0.5, time.time()), (small.pk, 1, 0, 2, 7, "lr", 0.1, time.time())],
+            replay=False,
+        )
     job = Job.objects.create(
         name="tiny-lm-elastic",
         workload="tiny-lm",
@@ -243,6 +249,7 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         Group.objects.get_or_create(name="viewer")[0]
     )
     job = make_cluster(operator)
+    small_id = Job.objects.get(name="small-eval").pk
     archive = code_archive(tmp_path)
     errors: list[str] = []
     late_line = LogLine(
@@ -426,7 +433,7 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         mark("The API docs")
         # The API docs: ReDoc served by the console, behind the login
         page.click("nav >> text=API schema")
-        expect(page.locator("#api-reference")).to_contain_text("Trainyard API", timeout=15000)
+        expect(page.locator("#api-reference")).to_contain_text("Trainyard API", timeout=60000)
         expect(page.locator("#api-reference")).to_contain_text("/api/v1/jobs/")
         assert_accessible(page, "API docs")
         shot(page, "api-docs")
@@ -455,6 +462,9 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         expect(viewer.locator('[data-chart="loss"] canvas')).to_have_count(1, timeout=15000)
         for control in ("#job-actions", "#stop-button", "#restart-button", "#resize-form"):
             expect(viewer.locator(control)).to_have_count(0)
+        viewer.goto(f"{console_url}/jobs/{small_id}/")
+        expect(viewer.locator('[data-chart="loss"] .chart-legend')).to_contain_text("loss 0.5 @ 7")
+        expect(viewer.locator('[data-chart="lr"] canvas')).to_have_count(1)
         viewer.goto(f"{console_url}/nodes/gpu-a/")
         expect(viewer.locator("[data-node-action]")).to_have_count(0)
         viewer.goto(f"{console_url}/nodes/")

@@ -44,7 +44,9 @@ def running_job(operator: User) -> Job:
     t = time.time()
     with transaction.atomic():
         store_metrics([(job.pk, 1, 0, s, s, "loss", 2.0 / (1 + s), t) for s in range(1000)], replay=False)
-    LogLine.objects.create(job=job, round_number=1, rank=1, stream="stdout", seq=0, text="hello", time=timezone.now())
+    LogLine.objects.create(
+        job=job, round_number=1, rank=1, stream="stdout", seq=0, text="hello", time=timezone.now()
+    )
     return job
 
 

@@ -137,6 +137,20 @@ export class Series {
   }
 }
 
+function stepRange(u, min, max) {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  return min === max ? [min - 1, max + 1] : [min, max];
+}
+
+function padRange(u, min, max) {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  if (min === max) {
+    const pad = Math.abs(min) * 0.1 || 1;
+    return [min - pad, max + pad];
+  }
+  return uPlot.rangeNum(min, max, 0.1, true);
+}
+
 const avg = (a, b) => (a === null ? b : b === null ? a : (a + b) / 2);
 const lowest = (a, b) => (a === null ? b : b === null ? a : Math.min(a, b));
 const highest = (a, b) => (a === null ? b : b === null ? a : Math.max(a, b));
@@ -295,7 +309,9 @@ export class MetricChart {
       legend: { show: false },
       series,
       bands,
-      scales: { x: { time: false }, y: this.options.log ? { distr: 3 } : {} },
+      // A series of one point (a chart's first live frame) or a flat one has a zero-width range,
+      // on which uPlot's tick splitting never ends: both axes get a padded range instead.
+      scales: { x: { time: false, range: stepRange }, y: this.options.log ? { distr: 3 } : { range: padRange } },
       axes: [
         { label: "step", stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor }, labelSize: 18, size: 36 },
         {
@@ -352,12 +368,8 @@ export class MetricChart {
 
   applyZoom() {
     if (!this.plot) return;
-    if (this.group.zoom) {
-      this.plot.setScale("x", this.group.zoom);
-    } else {
-      const xs = this.plot.data[0];
-      if (xs.length) this.plot.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
-    }
+    if (this.group.zoom) this.plot.setScale("x", this.group.zoom);
+    else this.plot.setData(this.plot.data, true); // back to the whole range, autoscaled
   }
 
   resize() {
