@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
@@ -145,7 +145,10 @@ def make_cluster(owner: User) -> Job:
     # A chart of a single point (what a job's first live frame draws) and a flat one
     with transaction.atomic():
         store_metrics(
-            [(small.pk, 1, 0, 1, 7, "loss", 0.5, time.time()), (small.pk, 1, 0, 2, 7, "lr", 0.1, time.time())],
+            [
+                (small.pk, 1, 0, 1, 7, "loss", 0.5, time.time()),
+                (small.pk, 1, 0, 2, 7, "lr", 0.1, time.time()),
+            ],
             replay=False,
         )
     job = Job.objects.create(
@@ -226,7 +229,14 @@ def make_cluster(owner: User) -> Job:
 
 def in_thread(call: Any) -> None:
     """The ORM refuses to run in the thread where Playwright's sync API has its event loop."""
-    worker = threading.Thread(target=call)
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            connections.close_all()  # this thread's own connection, or the test database stays in use
+
+    worker = threading.Thread(target=run)
     worker.start()
     worker.join()
 

@@ -27,6 +27,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.db import connections
 
 from console.jobs.models import Job
 from tests.support.agents import AgentProcs
@@ -110,7 +111,8 @@ def rank_process(live: LiveConsole, job_id: int, node_rank: int) -> psutil.Proce
     agent = live.agents.agents[[a.name for a in live.agents.agents].index(node.name)]
     for proc in agent.descendants():
         try:
-            if any(part.endswith("train.py") for part in proc.cmdline()):
+            # The runner retitles a rank as "python train.py ARGS" (one string, setproctitle).
+            if "train.py" in " ".join(proc.cmdline()):
                 return proc
         except psutil.Error:
             continue
@@ -122,10 +124,22 @@ def in_thread(call: Any) -> Any:
     import threading
 
     result: list[Any] = []
-    worker = threading.Thread(target=lambda: result.append(call()))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            connections.close_all()  # this thread's own connection, or the test database stays in use
+
+    worker = threading.Thread(target=run)
     worker.start()
     worker.join()
-    return result[0] if result else None
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def walk(browser: Any, page: Any, live_console: LiveConsole, errors: list[str], mark: Any) -> int:

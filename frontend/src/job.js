@@ -266,8 +266,19 @@ $("event-search").addEventListener("input", filterEvents);
 
 // --- logs -------------------------------------------------------------------------------------
 let droppedLines = 0;
+// The rank filter offers every rank seen so far (rounds grow and shrink the world).
+const rankSelect = $("log-rank");
+function ensureRankOption(rank) {
+  const value = String(rank);
+  const options = [...rankSelect.options];
+  if (options.some((o) => o.value === value)) return;
+  const option = new Option(`Rank ${rank}`, value);
+  const after = options.find((o) => o.value !== "" && Number(o.value) > rank);
+  rankSelect.add(option, after || null);
+}
 const logView = new LogView($("log-viewport"), { onChange: renderLogStatus });
 function renderLogStatus() {
+  if (logView.ranks.size !== rankSelect.options.length - 1) logView.ranks.forEach(ensureRankOption);
   const follow = $("log-follow");
   follow.setAttribute("aria-pressed", String(logView.follow));
   follow.textContent = logView.follow ? "Pause" : "Follow";
@@ -320,6 +331,7 @@ function onLogFrame(data) {
 }
 
 async function showFailure(cause) {
+  ensureRankOption(cause.rank);
   $("log-rank").value = String(cause.rank);
   $("log-search").value = "";
   logView.setFilter({ rank: String(cause.rank), query: "" });
@@ -371,11 +383,12 @@ async function refreshCheckpoints() {
       [`${formatNumber(c.blocking_ms)} ms`, "num"],
       [c.round, "num"],
       [timeOf(c.created_at), "num"],
-      [c.path, "mono path"],
+      [c.path.split("/").pop(), "mono path"],
     ]) {
       const td = document.createElement("td");
       td.className = cls;
       td.textContent = text;
+      if (cls === "mono path") td.title = c.path;
       tr.append(td);
     }
     return tr;

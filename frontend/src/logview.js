@@ -13,6 +13,7 @@ export class LogView {
     this.onChange = onChange || (() => {});
     this.lines = [];
     this.ids = new Set();
+    this.ranks = new Set();
     this.visible = [];
     this.filter = { rank: "", round: "", query: "" };
     this.highlight = new Set();
@@ -56,6 +57,7 @@ export class LogView {
       if (this.ids.has(line.id)) continue;
       line.lower = line.text.toLowerCase();
       this.ids.add(line.id);
+      this.ranks.add(line.rank);
       fresh.push(line);
     }
     if (!fresh.length) return 0;
@@ -81,6 +83,7 @@ export class LogView {
     for (const line of older) {
       line.lower = line.text.toLowerCase();
       this.ids.add(line.id);
+      this.ranks.add(line.rank);
     }
     const before = this.visible.length;
     this.lines = older.concat(this.lines);
