@@ -8,7 +8,9 @@ fresh one; the charts then load their history from the metrics API.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlencode
 
 from console.jobs.models import Job, Round
 from console.telemetry.downsample import series_names
@@ -96,9 +98,25 @@ def recent_events(job: Job) -> list[dict[str, Any]]:
     return [event_payload(e) for e in reversed(events)]
 
 
+# The loss chart's series (the page's first chart): train and eval losses. The browser's
+# classification (frontend/src/jobcharts.js) puts the same names on its loss chart.
+LOSS_NAME = re.compile(r"(^|[_/])loss$")
+FIRST_CHART_POINTS = 600
+
+
+def first_chart_url(job: Job, names: list[str]) -> str | None:
+    """The metrics query of the loss chart, which the page preloads while its script loads."""
+    losses = [n for n in names if LOSS_NAME.search(n) and not n.startswith("grad")]
+    if not losses:
+        return None
+    query = urlencode({"name": ",".join(losses), "points": FIRST_CHART_POINTS})
+    return f"/api/v1/jobs/{job.pk}/metrics/?{query}"
+
+
 def page_config(job: Job) -> dict[str, Any]:
     names = series_names(job.pk)
     return {
+        "first_url": first_chart_url(job, names),
         "id": job.pk,
         "state": job.state,
         "round": job.round_number,

@@ -15,6 +15,9 @@ const MAX_BUCKETS = 3000;
 // Redraws share an animation frame up to this budget; the rest wait for the next frame, so a
 // burst of live frames never blocks the page for long.
 const FRAME_BUDGET_MS = 8;
+// Live frames come 10 times a second; charts redraw at most 4 times a second, each redraw
+// taking every point that arrived meanwhile (hover and zoom draw at once, through uPlot).
+const MIN_REDRAW_MS = 250;
 const REASON_COLORS = { failure: "--bad", node_loss: "--bad", restart: "--warn", resize: "--accent", scale: "--accent" };
 
 function cssVar(name, fallback) {
@@ -29,22 +32,30 @@ function alpha(hex, a) {
 
 const dirty = new Set();
 let frameRequested = false;
+let lastDraw = -Infinity;
 
 function drawDirty() {
   frameRequested = false;
   const start = performance.now();
+  lastDraw = start;
   for (const chart of dirty) {
     dirty.delete(chart);
     chart.redraw();
     if (performance.now() - start > FRAME_BUDGET_MS) break;
   }
-  if (dirty.size) requestFrame();
+  if (dirty.size) {
+    // The rest of this batch: next frame, not a throttle period later.
+    frameRequested = true;
+    requestAnimationFrame(drawDirty);
+  }
 }
 
 function requestFrame() {
   if (frameRequested) return;
   frameRequested = true;
-  requestAnimationFrame(drawDirty);
+  const wait = lastDraw + MIN_REDRAW_MS - performance.now();
+  if (wait > 0) setTimeout(() => requestAnimationFrame(drawDirty), wait);
+  else requestAnimationFrame(drawDirty);
 }
 
 export class Series {
@@ -392,27 +403,37 @@ export class MetricChart {
     this.renderLegend();
   }
 
+  // Legend rows are made once per series and then only their text changes: a live redraw
+  // touches a text node per series, not the page's layout tree.
   renderLegend() {
-    const items = [];
-    for (const entry of this.series.values()) {
+    const entries = [...this.series.values()];
+    if (!this.legendRows || this.legendRows.length !== entries.length || this.legendRows.some((r, i) => r.entry !== entries[i])) {
+      this.legendRows = entries.map((entry) => {
+        const item = document.createElement("span");
+        item.className = "legend-item";
+        const swatch = document.createElement("span");
+        swatch.className = "swatch";
+        item.append(swatch, document.createTextNode(""));
+        return { entry, item, swatch, text: item.lastChild };
+      });
+      this.legend.replaceChildren(...this.legendRows.map((r) => r.item));
+    }
+    for (const row of this.legendRows) {
+      const { entry } = row;
       const s = entry.data;
       const i = this.hoverStep === null || this.hoverStep === undefined ? s.length - 1 : s.valueAt(this.hoverStep);
-      const item = document.createElement("span");
-      item.className = "legend-item";
-      const swatch = document.createElement("span");
-      swatch.className = "swatch";
-      swatch.style.background = entry.color;
-      item.append(swatch);
       let text = entry.label;
       if (i >= 0) {
         text += ` ${this.formatValue(s.mean[i])}`;
         if (s.min[i] !== s.max[i]) text += ` [${this.formatValue(s.min[i])} – ${this.formatValue(s.max[i])}]`;
         text += ` @ ${s.x[i]}`;
       }
-      item.append(document.createTextNode(text));
-      items.push(item);
+      if (row.text.data !== text) row.text.data = text;
+      if (row.color !== entry.color) {
+        row.swatch.style.background = entry.color;
+        row.color = entry.color;
+      }
     }
-    this.legend.replaceChildren(...items);
   }
 
   drawBoundaries(u) {

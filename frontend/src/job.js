@@ -540,9 +540,15 @@ if (actions) {
 config.events.forEach((e) => addEvent(e, false));
 eventsList.scrollTop = eventsList.scrollHeight;
 renderProgress();
-charts.load().catch((err) => { $("charts-error").textContent = `Charts could not load: ${err.message}`; });
-loadLogHistory(HISTORY_LINES).catch(() => {});
-refreshDetail();
+// The loss chart's history first; logs, ranks and checkpoints right after it.
+charts
+  .load(config.first_url, () => {
+    loadLogHistory(HISTORY_LINES).catch(() => {});
+    refreshDetail();
+  })
+  .catch((err) => {
+    $("charts-error").textContent = `Charts could not load: ${err.message}`;
+  });
 setInterval(() => {
   if (TERMINAL.has(job.state)) return;
   refreshRanks().catch(() => {});

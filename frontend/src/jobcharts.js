@@ -90,34 +90,37 @@ export class JobCharts {
     return body.series || {};
   }
 
-  // History: the loss chart first (it is what people look at), then the rest in one request.
-  async load() {
+  // History: the loss chart first and alone (what people look at; on a busy server its request
+  // should not queue behind the others), then ``afterFirst`` (the page's other requests) and the
+  // rest of the charts in one request.
+  async load(firstUrl, afterFirst = () => {}) {
     const byChart = new Map();
     for (const name of this.names) {
-      if (name === "total_steps") continue;
       if (!this.wanted(name)) continue;
       const id = chartIdFor(name);
       if (!byChart.has(id)) byChart.set(id, []);
       byChart.get(id).push(name);
       this.chart(id);
     }
-    const first = byChart.get("loss") || [];
-    const rest = [...byChart.entries()].filter(([id]) => id !== "loss").flatMap(([, names]) => names);
     const apply = (series) => {
       for (const [name, buckets] of Object.entries(series)) {
         this.chart(chartIdFor(name)).seriesFor(name).setBuckets(buckets);
         this.chart(chartIdFor(name)).invalidate();
       }
     };
-    const [lossSeries, restSeries, total] = await Promise.all([
-      this.fetchSeries(first),
-      this.fetchSeries(rest),
-      this.names.has("total_steps") ? this.fetchSeries(["total_steps"], "&points=1") : Promise.resolve({}),
-    ]);
-    apply(lossSeries);
-    apply(restSeries);
-    const totals = total.total_steps || [];
-    if (totals.length && totals[totals.length - 1].max) this.onTotal(totals[totals.length - 1].max);
+    try {
+      // The page preloads this exact URL (<link rel="preload">) while the script loads.
+      // Same URL, mode and credentials as the preload (and no custom header), so Chromium reuses it.
+      if (firstUrl) {
+        const response = await fetch(firstUrl, { credentials: "same-origin" });
+        if (!response.ok) throw new Error(`HTTP ${response.status}`);
+        apply((await response.json()).series || {});
+      }
+      else apply(await this.fetchSeries(byChart.get("loss") || []));
+    } finally {
+      afterFirst();
+    }
+    apply(await this.fetchSeries([...byChart.entries()].filter(([id]) => id !== "loss").flatMap(([, n]) => n)));
   }
 
   async setLayers(on) {
@@ -201,8 +204,19 @@ export class JobCharts {
       this.charts.set("steptime", this.rankChart);
       this.order();
     }
+    // Each rank's whole history once, then only the steps after the last one held (a narrow
+    // range the API answers from raw points, cheap however long the run).
+    const held = ranks.map((r) => {
+      const entry = this.rankChart.series.get(`rank ${r}`);
+      return entry && entry.data.length ? entry.data.lastX() : null;
+    });
     const results = await Promise.all(
-      ranks.map((r) => getJSON(`/api/v1/jobs/${this.jobId}/metrics/?name=${name}&rank=${r}&points=${RANK_POINTS}`)),
+      ranks.map((r, i) =>
+        getJSON(
+          `/api/v1/jobs/${this.jobId}/metrics/?name=${name}&rank=${r}&points=${RANK_POINTS}` +
+            (held[i] === null ? "" : `&from=${held[i] + 1}`),
+        ),
+      ),
     );
     const keep = new Set();
     ranks.forEach((rank, i) => {
@@ -215,7 +229,9 @@ export class JobCharts {
         width: straggler ? 3 : 1.4,
         color: straggler ? "#f85149" : undefined,
       });
-      series.setBuckets((results[i].series || {})[name] || []);
+      const buckets = (results[i].series || {})[name] || [];
+      if (held[i] === null) series.setBuckets(buckets);
+      else series.mergeBuckets(buckets);
     });
     this.rankChart.dropSeries(keep);
     this.rankChart.invalidate();
