@@ -51,12 +51,23 @@ SCROLL_FRAMES = 300
 # Timing hooks the bench adds to the page before its scripts run (the console ships none).
 INSTRUMENT = """
 (() => {
-  const stats = { longTasks: [], handlers: [], frames: [] };
+  const stats = { longTasks: [], handlers: [], frames: [], loaf: [] };
   window.__bench = stats;
   try {
     new PerformanceObserver((list) => {
       for (const e of list.getEntries()) stats.longTasks.push(e.duration);
     }).observe({ type: "longtask", buffered: true });
+  } catch (e) {}
+  // Long animation frames (>= 50 ms) split into script time, style/layout/paint, and the rest
+  // (time the main thread was not running this page's work: another process had the core).
+  try {
+    new PerformanceObserver((list) => {
+      for (const e of list.getEntries()) {
+        const script = e.scripts.reduce((sum, s) => sum + s.duration, 0);
+        const render = e.renderStart ? e.startTime + e.duration - e.renderStart : 0;
+        stats.loaf.push({ duration: e.duration, script, render });
+      }
+    }).observe({ type: "long-animation-frame", buffered: true });
   } catch (e) {}
   const raf = window.requestAnimationFrame.bind(window);
   window.requestAnimationFrame = (cb) => raf((ts) => {
@@ -226,6 +237,16 @@ class FramePublisher(threading.Thread):
             time.sleep(max(0.0, next_at - time.monotonic()))
 
 
+def describe_loaf(entry: dict[str, float] | None) -> str:
+    if not entry:
+        return "none"
+    other = entry["duration"] - entry["script"] - entry["render"]
+    return (
+        f"{entry['duration']:.0f} ms = script {entry['script']:.0f} + render {entry['render']:.0f} "
+        f"+ not running {max(0.0, other):.0f}"
+    )
+
+
 def new_context(browser: Any, base: str, cookie: str) -> Any:
     name, value = cookie.split("=", 1)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -261,7 +282,9 @@ def live_longest_task(
             "() => performance.getEntriesByName('chart-drawn:loss').length > 0", timeout=30000
         )
         page.wait_for_timeout(3000)  # history and ranks loaded: measure the live phase alone
-        page.evaluate("() => { const s = window.__bench; s.longTasks = []; s.handlers = []; s.frames = []; }")
+        page.evaluate(
+            "() => { const s = window.__bench; s.longTasks = []; s.handlers = []; s.frames = []; s.loaf = []; }"
+        )
         before = publisher.sent
         publisher.running.set()
         time.sleep(seconds)
@@ -273,6 +296,7 @@ def live_longest_task(
             "longest_ms": max([0.0, *stats["longTasks"], *stats["handlers"], *stats["frames"]]),
             "longest_handler_ms": max([0.0, *stats["handlers"]]),
             "longest_frame_ms": max([0.0, *stats["frames"]]),
+            "worst_loaf": max(stats["loaf"], key=lambda e: e["duration"], default=None),
             "long_tasks": len(stats["longTasks"]),
             "messages": len(stats["handlers"]),
             "published": publisher.sent - before,
@@ -417,7 +441,7 @@ def main() -> None:
                     f"  live {args.live_seconds:.0f} s: {run['published']} frames published, {run['messages']} "
                     f"messages handled, longest task {run['longest_ms']:.1f} ms (script: message handler "
                     f"{run['longest_handler_ms']:.1f} ms, animation frame {run['longest_frame_ms']:.1f} ms), "
-                    f"{run['long_tasks']} long tasks; "
+                    f"{run['long_tasks']} long tasks; worst long frame {describe_loaf(run['worst_loaf'])}; "
                     f"chart at step {run['last_step_shown']} of {run['last_step_sent']}",
                     flush=True,
                 )
