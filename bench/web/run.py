@@ -65,7 +65,9 @@ INSTRUMENT = """
       for (const e of list.getEntries()) {
         const script = e.scripts.reduce((sum, s) => sum + s.duration, 0);
         const render = e.renderStart ? e.startTime + e.duration - e.renderStart : 0;
-        stats.loaf.push({ duration: e.duration, script, render });
+        const top = e.scripts.reduce((a, b) => (b.duration > (a ? a.duration : -1) ? b : a), null);
+        const what = top ? `${top.invoker} ${top.sourceFunctionName || ""}`.trim() : "";
+        stats.loaf.push({ duration: e.duration, script, render, what, topMs: top ? top.duration : 0 });
       }
     }).observe({ type: "long-animation-frame", buffered: true });
   } catch (e) {}
@@ -237,13 +239,13 @@ class FramePublisher(threading.Thread):
             time.sleep(max(0.0, next_at - time.monotonic()))
 
 
-def describe_loaf(entry: dict[str, float] | None) -> str:
+def describe_loaf(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "none"
     other = entry["duration"] - entry["script"] - entry["render"]
     return (
         f"{entry['duration']:.0f} ms = script {entry['script']:.0f} + render {entry['render']:.0f} "
-        f"+ not running {max(0.0, other):.0f}"
+        f"+ not running {max(0.0, other):.0f} (longest script {entry['topMs']:.0f} ms: {entry['what']})"
     )
 
 
