@@ -488,8 +488,8 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         mark("The login page too")
         # The login page too
         anonymous = new_page(browser, errors)
-        anonymous.goto(console_url + "/api/docs/")
-        expect(anonymous).to_have_url(re.compile(r"/accounts/login/\?next=/api/docs/"))
+        anonymous.goto(console_url + "/api-docs/")
+        expect(anonymous).to_have_url(re.compile(r"/accounts/login/\?next=/api-docs/"))
         assert_accessible(anonymous, "login")
 
     # Playwright's sync API runs an event loop in this thread, so the ORM waits until it is gone.
