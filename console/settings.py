@@ -57,6 +57,8 @@ INSTALLED_APPS = [
     "console.telemetry",
     "console.api",
     "console.web",
+    # Swagger UI's assets, served by the console (no CDN): the API docs page.
+    "drf_spectacular_sidecar",
 ]
 
 MIDDLEWARE = [
@@ -102,7 +104,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "frontend"]
+# Built assets only (frontend/public); sources and node_modules stay out of what is served.
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "public"]
 STATIC_ROOT = TRAINYARD_HOME / "static"
 # Serve straight from the finders so a local console needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True

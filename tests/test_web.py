@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Allocation, Job, Round
-from console.telemetry.models import Event, Metric
+from console.telemetry.ingest.storage import MetricBatch, store_metrics
+from console.telemetry.models import Event, LogLine
 
 pytestmark = pytest.mark.django_db
 
@@ -38,18 +41,15 @@ def running_job(operator: User) -> Job:
     )
     Allocation.objects.create(round=rnd, node=node, node_rank=0, nproc=2, state="RUNNING")
     Event.objects.create(job=job, kind="round.started", message="Round 1 started on gpu-a")
-    now = timezone.now()
-    for step in range(0, 1000, 1):
-        Metric.objects.create(
-            job=job,
-            round_number=1,
-            rank=0,
-            seq=step,
-            step=step,
-            name="loss",
-            value=2.0 / (1 + step),
-            time=now,
+    t = time.time()
+    with transaction.atomic():
+        store_metrics(
+            MetricBatch.of([(job.pk, 1, 0, s, s, "loss", 2.0 / (1 + s), t) for s in range(1000)]),
+            replay=False,
         )
+    LogLine.objects.create(
+        job=job, round_number=1, rank=1, stream="stdout", seq=0, text="hello", time=timezone.now()
+    )
     return job
 
 
@@ -79,18 +79,20 @@ def test_job_table_paginates(client: Client, viewer: User) -> None:
     assert client.get("/jobs/", {"q": "job-5"}).context["page"].paginator.count == 10
 
 
-def test_job_page_shows_rounds_events_and_a_chart_series(
+def test_job_page_shows_rounds_and_carries_events_and_metric_names(
     client: Client, viewer: User, running_job: Job
 ) -> None:
     client.force_login(viewer)
     response = client.get(f"/jobs/{running_job.pk}/")
     page = response.content.decode()
-    assert "10.1.2.3:29611" in page
-    assert "Round 1 started on gpu-a" in page
-    series = response.context["series"]["loss"]
-    # 1,000 points come down to a display-sized series that keeps the first and last step.
-    assert 300 <= len(series) <= 401
-    assert series[0][0] == 0 and series[-1][0] == 999
+    assert "0 · gpu-a · 2 · RUNNING" in page
+    config = response.context["config"]
+    # The charts fetch their points from the metrics API; the page names what there is.
+    assert config["names"] == ["loss"]
+    assert [e["message"] for e in config["events"]] == ["Round 1 started on gpu-a"]
+    assert config["total_steps"] == 200
+    assert 'id="job-config"' in page
+    assert list(response.context["rank_choices"]) == [0, 1]
 
 
 def test_viewer_sees_no_action_buttons(client: Client, viewer: User, running_job: Job) -> None:
@@ -136,7 +138,10 @@ def test_job_live_json_returns_new_events_only(client: Client, viewer: User, run
     assert data["job"]["state"] == "RUNNING"
     assert data["job"]["world_size"] == 2
     assert [e["message"] for e in data["events"]] == ["Now 2 nodes"]
-    assert data["series"]["loss"][-1][0] == 999
+    # Polling carries log lines after the last one the page holds.
+    assert [ln["text"] for ln in data["logs"]] == ["hello"]
+    last = data["logs"][-1]["id"]
+    assert client.get(f"/jobs/{running_job.pk}/live/", {"log_after": last}).json()["logs"] == []
 
 
 def test_cluster_live_json_lists_active_jobs_and_nodes(
@@ -162,7 +167,10 @@ def test_static_assets_are_served(client: Client) -> None:
         "/static/css/console.css",
         "/static/js/job.js",
         "/static/js/dashboard.js",
-        "/static/js/chart.js",
+        "/static/js/node.js",
+        "/static/js/submit.js",
+        "/static/css/uplot.min.css",
+        "/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js",
     ):
         response = client.get(path)
         assert response.status_code == 200, path

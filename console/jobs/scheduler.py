@@ -16,6 +16,9 @@ from console.jobs.models import Job
 from console.jobs.planning import needs_growth, preemption_victims
 from console.jobs.snapshot import job_view, snapshot
 
+# Pending jobs are placed by priority, then first in, first out (the queue page shows this order).
+PENDING_ORDER = ("-priority", "created_at", "id")
+
 
 def tick() -> None:
     """Periodic checks: lost nodes, failures awaiting settlement, drains, pending jobs, growth."""
@@ -28,7 +31,7 @@ def tick() -> None:
 def schedule() -> None:
     """Place pending jobs (gang: at least MIN nodes or nothing), then grow elastic jobs."""
     with decision():
-        for pending in Job.objects.filter(state=JobState.PENDING).order_by("-priority", "created_at", "id"):
+        for pending in Job.objects.filter(state=JobState.PENDING).order_by(*PENDING_ORDER):
             job = Job.lock(pending.pk)
             if job.state != JobState.PENDING:
                 continue

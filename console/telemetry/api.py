@@ -178,15 +178,31 @@ class LogsQuery(serializers.Serializer):
     rank = serializers.IntegerField(required=False, min_value=0)
     q = serializers.CharField(required=False, max_length=200, trim_whitespace=False)
     after = serializers.IntegerField(required=False, min_value=0)
+    before = serializers.IntegerField(required=False, min_value=1)
+    round = serializers.IntegerField(required=False, min_value=1)
     limit = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_LOG_LIMIT, default=DEFAULT_LOG_LIMIT
     )
     stream = serializers.ChoiceField(required=False, choices=["stdout", "stderr"])
 
 
+def log_payload(line: LogLine) -> dict[str, Any]:
+    return {
+        "id": line.pk,
+        "round": line.round_number,
+        "rank": line.rank,
+        "stream": line.stream,
+        "seq": line.seq,
+        "text": line.text,
+        "time": line.time.isoformat(),
+    }
+
+
 class LogsView(APIView):
-    """Without ``after``: the newest ``limit`` lines (a tail). With it: the ``limit`` lines after
-    that id (follow). ``q`` searches case-insensitively; ``rank`` and ``stream`` filter."""
+    """Without ``after``: the newest ``limit`` lines (a tail), or with ``before`` the newest
+    ``limit`` lines older than that id (paging back through history). With ``after``: the
+    ``limit`` lines after that id (follow). ``q`` searches case-insensitively; ``rank``,
+    ``round`` and ``stream`` filter."""
 
     def get(self, request: Request, job_id: int) -> Response:
         job = get_job(job_id)
@@ -196,6 +212,10 @@ class LogsView(APIView):
             lines = lines.filter(rank=params["rank"])
         if "stream" in params:
             lines = lines.filter(stream=params["stream"])
+        if "round" in params:
+            lines = lines.filter(round_number=params["round"])
+        if "before" in params:
+            lines = lines.filter(pk__lt=params["before"])
         if params.get("q"):
             lines = lines.filter(text__icontains=params["q"])
         limit = params["limit"]
@@ -206,18 +226,7 @@ class LogsView(APIView):
         return Response(
             {
                 "job": job.pk,
-                "lines": [
-                    {
-                        "id": ln.pk,
-                        "round": ln.round_number,
-                        "rank": ln.rank,
-                        "stream": ln.stream,
-                        "seq": ln.seq,
-                        "text": ln.text,
-                        "time": ln.time.isoformat(),
-                    }
-                    for ln in rows
-                ],
+                "lines": [log_payload(ln) for ln in rows],
                 "last_id": rows[-1].pk if rows else params.get("after"),
             }
         )

@@ -16,15 +16,19 @@ from django.shortcuts import get_object_or_404, render
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
-from console.jobs.models import Allocation, Job, Precision, Round, Strategy, job_summary
+from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
+from console.telemetry.api import log_payload
 from console.telemetry.events import event_payload, node_payload
-from console.telemetry.models import Event, Metric
+from console.telemetry.models import Event, LogLine
+from console.web.job_page import page_config
+from console.web.nodes import node_context, pending_queue
 
 JOBS_PER_PAGE = 25
-# A chart on a page is a few hundred pixels wide; more points than this only cost bandwidth.
-CHART_POINTS = 400
 EVENTS_SHOWN = 100
 ROUNDS_SHOWN = 20
+# Log lines per poll when the websocket is down (the page polls every few seconds).
+POLL_LOG_LINES = 2000
+RECENT_BUNDLES = 20
 
 
 def _job_rows(request: HttpRequest, jobs: QuerySet[Job]) -> Page:
@@ -65,6 +69,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "summary": cluster_summary(),
             "page": _job_rows(request, jobs),
             "nodes": _nodes(),
+            "queue": pending_queue(),
+            "node_actions": is_operator(request.user),
             "nav": "dashboard",
         },
     )
@@ -106,19 +112,6 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-def loss_series(job: Job) -> dict[str, list[list[float]]]:
-    """Display-sized loss series, from rank 0 (every rank logs the same loss in DDP)."""
-    rows = Metric.objects.filter(job=job, rank=0, name__contains="loss")
-    series: dict[str, list[list[float]]] = {}
-    for name, step, value in rows.order_by("step", "round_number").values_list("name", "step", "value"):
-        series.setdefault(name, []).append([step, value])
-    for name, points in series.items():
-        if len(points) > CHART_POINTS:
-            stride = -(-len(points) // CHART_POINTS)
-            series[name] = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
-    return series
-
-
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("owner", "bundle"), pk=job_id)
@@ -129,9 +122,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             :ROUNDS_SHOWN
         ]
     )
-    events = list(Event.objects.filter(job=job).select_related("node").order_by("-id")[:EVENTS_SHOWN])
-    events.reverse()
     current = next((r for r in rounds if r.number == job.round_number), None)
+    config = page_config(job)
+    widest = max((r.world_size for r in rounds), default=0)
     return render(
         request,
         "web/job_detail.html",
@@ -139,9 +132,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "job": job,
             "rounds": rounds,
             "current_round": current,
-            "events": events,
-            "last_seq": events[-1].pk if events else 0,
-            "series": loss_series(job),
+            "config": config,
+            "has_layers": any(n.startswith("grad_norm/") for n in config["names"]),
+            "rank_choices": range(widest),
             "can_operate": is_operator(request.user),
             "terminal": job.job_state.is_terminal,
             "nav": "jobs",
@@ -167,6 +160,22 @@ def workload_catalog() -> dict[str, dict[str, Any]]:
 
 
 @login_required
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    node = get_object_or_404(Node.objects.prefetch_related("gpus"), name=name)
+    return render(
+        request,
+        "web/node_detail.html",
+        {**node_context(node), "node_actions": is_operator(request.user), "nav": "nodes"},
+    )
+
+
+@login_required
+def api_docs(request: HttpRequest) -> HttpResponse:
+    """Swagger UI for /api/schema/, served from the console (drf-spectacular-sidecar)."""
+    return render(request, "web/api_docs.html", {"nav": "api"})
+
+
+@login_required
 def job_submit(request: HttpRequest) -> HttpResponse:
     if not is_operator(request.user):
         raise PermissionDenied("Submitting jobs needs the operator role.")
@@ -175,6 +184,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
         "web/job_submit.html",
         {
             "catalog": workload_catalog(),
+            "bundles": Bundle.objects.select_related("owner").order_by("-created_at")[:RECENT_BUNDLES],
             "precisions": Precision.values,
             "strategies": [s for s in Strategy.values if s != Strategy.PARAMETER_SERVER],  # not available yet
             "nav": "submit",
@@ -184,13 +194,13 @@ def job_submit(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_live(request: HttpRequest, job_id: int) -> JsonResponse:
-    """What the job page polls when its websocket is unavailable."""
+    """What the job page polls when its websocket is unavailable: state, events after ``after``,
+    log lines after ``log_after`` (metrics it fetches by range from the metrics API)."""
     job = get_object_or_404(Job, pk=job_id)
-    try:
-        after = int(request.GET.get("after", "0"))
-    except ValueError:
-        after = 0
+    after = _int_param(request, "after")
+    log_after = _int_param(request, "log_after")
     events = Event.objects.filter(job=job, id__gt=after).select_related("node").order_by("id")[:EVENTS_SHOWN]
+    lines = LogLine.objects.filter(job=job, id__gt=log_after).order_by("id")[:POLL_LOG_LINES]
     summary = job_summary(job)
     current = job.current_round()
     summary["world_size"] = current.world_size if current else 0
@@ -198,9 +208,16 @@ def job_live(request: HttpRequest, job_id: int) -> JsonResponse:
         {
             "job": summary,
             "events": [event_payload(e) for e in events],
-            "series": loss_series(job),
+            "logs": [log_payload(line) for line in lines],
         }
     )
+
+
+def _int_param(request: HttpRequest, name: str) -> int:
+    try:
+        return max(0, int(request.GET.get(name, "0")))
+    except ValueError:
+        return 0
 
 
 @login_required

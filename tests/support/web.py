@@ -32,6 +32,8 @@ def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     env.update(
         DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         TRAINYARD_HOME=str(settings.TRAINYARD_HOME),
+        # Rounds started by a request (a resize) hand agents bundle URLs on this console.
+        TRAINYARD_PUBLIC_URL=f"http://127.0.0.1:{port}",
         PYTHONUNBUFFERED="1",
     )
     log_path = tmp_path / "daphne.log"

@@ -4,6 +4,7 @@ One import, and the script still runs unchanged under plain ``torchrun`` or ``py
 
     from workers import sdk
 
+    sdk.progress(steps)                                          # the console's progress bar and ETA
     watcher = sdk.watch(model, every=100, optimizer=optimizer)  # grad/param norms, NaN/Inf events
     resumed = sdk.load_latest()                                  # (state, step) or None
     start = 0
@@ -87,6 +88,7 @@ __all__ = [
     "load_sharded",
     "log",
     "peak_memory_bytes",
+    "progress",
     "request_stop",
     "save",
     "save_async",
@@ -102,6 +104,19 @@ __all__ = [
 def log(step: int, **scalars: Any) -> None:
     """Records scalars (numbers or one-element tensors) for ``step``."""
     _sink().metric(step, scalars)
+
+
+TOTAL_STEPS = "total_steps"
+
+
+def progress(total: int, step: int = 0) -> None:
+    """Tells the console how many steps the run will take, for its progress bar and ETA.
+
+    Recorded as the metric ``total_steps`` (call again if the total changes; the newest value
+    counts). Outside the console it does nothing."""
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"progress(total) needs a positive whole number of steps, not {total!r}")
+    _sink().metric(step, {TOTAL_STEPS: total}, echo=False)
 
 
 def event(name: str, message: str, severity: str = "info", **data: Any) -> None:

@@ -144,6 +144,7 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     watcher = sdk.watch(model, every=hp["watch_every"], optimizer=optimizers[-1])
     timer = sdk.StepTimer(every=hp["log_every"])
     sdk.install_stop_handler()
+    sdk.progress(hp["steps"])
 
     start = 0
     resumed = sdk.load_latest(map_location=runtime.device, collective=True)
@@ -222,7 +223,7 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
                 dist.all_reduce(mean_loss)
                 mean_loss /= runtime.world_size
             if runtime.is_main:
-                values = {"loss": float(mean_loss)}
+                values = {"loss": float(mean_loss), "lr": float(optimizers[-1].param_groups[0]["lr"])}
                 values.update(task.evaluate())
                 sdk.log(step, **values)
             window_loss.zero_()

@@ -35,3 +35,34 @@ export function age(iso) {
 }
 
 export const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
+
+export function formatNumber(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "–";
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(2).replace(/\.?0+e/, "e");
+  if (a >= 1000) return Math.round(v).toLocaleString("en-US");
+  return Number(v.toPrecision(4)).toString();
+}
+
+export function formatBytes(n) {
+  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let v = n;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return `${i ? v.toFixed(v >= 100 ? 0 : 1) : Math.round(v)} ${units[i]}`;
+}
+
+export function formatDuration(seconds) {
+  if (!Number.isFinite(seconds) || seconds < 0) return "–";
+  const s = Math.round(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+export function timeOf(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return d.toISOString().slice(11, 19);
+}

@@ -12,15 +12,17 @@ async function refreshSummary() {
     const response = await fetch(location.pathname + location.search, { credentials: "same-origin" });
     if (!response.ok) return;
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-    const next = fresh.getElementById("cluster-summary");
-    const current = document.getElementById("cluster-summary");
-    if (next && current) current.replaceWith(next);
+    for (const id of ["cluster-summary", "pending-queue"]) {
+      const next = fresh.getElementById(id);
+      const current = document.getElementById(id);
+      if (next && current) current.replaceWith(next);
+    }
   } catch {
     // The next change tries again.
   }
 }
 function summaryChanged() {
-  if (!summaryTimer) summaryTimer = setTimeout(refreshSummary, 3000);
+  if (!summaryTimer) summaryTimer = setTimeout(refreshSummary, 1500);
 }
 
 const unseenJobs = new Set();
@@ -42,6 +44,7 @@ function noteNewJob(job) {
 }
 
 function updateJobRow(job) {
+  if (job.state === "PENDING" || document.querySelector(`#pending-queue [data-job-id="${job.id}"]`)) summaryChanged();
   const row = document.querySelector(`#job-table tr[data-job-id="${job.id}"]`);
   if (!row) {
     noteNewJob(job);
@@ -63,7 +66,7 @@ function updateJobRow(job) {
     progress.querySelector(".progress-bar").style.width = `${f === null ? 0 : Math.round(f * 100)}%`;
     progress.querySelector(".progress-label").textContent = progressLabel(job.progress);
   }
-  if (changed) {
+  if (changed || job.state === "PENDING") {
     summaryChanged();
     row.classList.remove("flash");
     void row.offsetWidth;
@@ -137,6 +140,11 @@ document.querySelectorAll("[data-node-action]").forEach((button) => {
   button.addEventListener("click", async () => {
     const row = button.closest("tr");
     const verb = button.dataset.nodeAction;
+    const name = row.dataset.nodeName || "this node";
+    const question = verb === "drain"
+      ? `Drain ${name}? Jobs on it are moved off (elastic ones shrink, others restart elsewhere) and nothing new is placed there.`
+      : `Undrain ${name}? The scheduler may place jobs on it again.`;
+    if (!confirm(question)) return;
     const message = document.getElementById("action-message");
     button.disabled = true;
     const result = await apiRequest("POST", `/api/v1/nodes/${row.dataset.nodeId}/${verb}/`, {});

@@ -1,0 +1,111 @@
+"""Node page and queue data: what a node holds and held, and why each pending job waits.
+
+The queue is read in the scheduler's order (console.jobs.scheduler.PENDING_ORDER: priority, then
+submission time) and each job's wait explained from the same free-capacity view the scheduler
+places by (console.jobs.snapshot.node_views), computed once for the whole queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import F
+
+from console.cluster.models import Node
+from console.core.states import JobState
+from console.jobs.models import Allocation, AllocationState, Job
+from console.jobs.planning import JobView, Snapshot
+from console.jobs.scheduler import PENDING_ORDER
+from console.jobs.snapshot import node_views
+from console.telemetry.models import Event
+
+QUEUE_SHOWN = 50
+HISTORY_SHOWN = 20
+
+
+@dataclass
+class QueueEntry:
+    job: Job
+    position: int
+    why: str
+
+
+def _needs(job: Job) -> str:
+    if job.gpus_per_proc:
+        return f"{job.nproc_per_node * job.gpus_per_proc} free GPU(s)"
+    return f"{job.nproc_per_node} free slot(s)"
+
+
+def pending_queue() -> list[QueueEntry]:
+    """Pending jobs in placement order, each with the reason it is not running yet."""
+    jobs = list(
+        Job.objects.filter(state=JobState.PENDING)
+        .select_related("owner")
+        .order_by(*PENDING_ORDER)[:QUEUE_SHOWN]
+    )
+    if not jobs:
+        return []
+    nodes = node_views()
+    last_pending = {
+        e.job_id: e.message
+        for e in Event.objects.filter(job__in=jobs, kind="job.pending")
+        .order_by("id")
+        .only("job_id", "message")
+    }
+    entries = []
+    blocked_by: Job | None = None
+    for position, job in enumerate(jobs, start=1):
+        shape = JobView(
+            id=job.pk,
+            name=job.name,
+            min_nodes=job.min_nodes,
+            max_nodes=job.max_nodes,
+            desired_nodes=job.desired_nodes,
+            nproc_per_node=job.nproc_per_node,
+            gpus_per_proc=job.gpus_per_proc,
+            priority=job.priority,
+        )
+        view = Snapshot(shape, nodes)
+        fitting = sum(1 for n in nodes.values() if view.fits(n))
+        if fitting < job.min_nodes:
+            why = (
+                f"Needs {job.min_nodes} node(s) with {_needs(job)} each; "
+                f"{fitting} {'has' if fitting == 1 else 'have'} room now."
+            )
+            blocked_by = blocked_by or job
+        elif blocked_by is not None:
+            why = f"Fits, but waits behind #{blocked_by.pk} {blocked_by.name} (first in, first out within a priority)."
+        else:
+            why = f"Fits on {fitting} node(s); the scheduler places it on its next pass."
+        if job.pk in last_pending:
+            why += f" Last note: {last_pending[job.pk]}"
+        entries.append(QueueEntry(job, position, why))
+    return entries
+
+
+def node_context(node: Node) -> dict[str, Any]:
+    """A node with what it holds now (current rounds of active jobs) and held before."""
+    allocations = (
+        Allocation.objects.filter(node=node).select_related("round__job").order_by("-round__created_at")
+    )
+    holding = list(
+        allocations.filter(
+            round__job__state__in=[s.value for s in JobState if s.is_active],
+            round__number=F("round__job__round_number"),
+            state__in=[AllocationState.ASSIGNED, AllocationState.RUNNING],
+        )
+    )
+    held_ids = {a.pk for a in holding}
+    history = [a for a in allocations[: HISTORY_SHOWN + len(held_ids)] if a.pk not in held_ids][
+        :HISTORY_SHOWN
+    ]
+    gpus = list(node.gpus.all())
+    return {
+        "node": node,
+        "gpus": gpus,
+        "holding": holding,
+        "history": history,
+        "slots_used": sum(a.nproc for a in holding if not a.gpu_indices),
+        "gpus_used": sorted({i for a in holding for i in a.gpu_indices}),
+    }
