@@ -51,7 +51,10 @@ def test_progress_total_prefers_the_scripts_own_total() -> None:
     with transaction.atomic():
         store_metrics(
             MetricBatch.of(
-                [(job.pk, 1, 0, 1, 0, "total_steps", 900.0, t), (job.pk, 1, 0, 2, 0, "total_steps", 1200.0, t)]
+                [
+                    (job.pk, 1, 0, 1, 0, "total_steps", 900.0, t),
+                    (job.pk, 1, 0, 2, 0, "total_steps", 1200.0, t),
+                ]
             ),
             replay=False,
         )
