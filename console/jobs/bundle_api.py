@@ -21,6 +21,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.auth import TokenAuthentication
+from console.api.models import Scope
+from console.core.audit import AuthMethod, mark_auth
+from console.core.models import AuditEntry
 from console.core.roles import is_operator
 from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Bundle
@@ -51,6 +54,7 @@ class BundleListCreate(ListAPIView[Bundle]):
     serializer_class = BundleSerializer
     permission_classes = [IsOperatorForUpload]
     parser_classes = [MultiPartParser, FormParser]
+    write_scope = Scope.JOBS_WRITE
 
     @extend_schema(
         request={
@@ -76,6 +80,9 @@ class BundleListCreate(ListAPIView[Bundle]):
             bundle = store_bundle(uploaded, request.user)
         except BundleError as error:
             return _refused(str(error))
+        AuditEntry.record(
+            request.user, "bundle.upload", bundle, sha256=bundle.sha256, size_bytes=bundle.size_bytes, filename=bundle.filename
+        )
         return Response(BundleSerializer(bundle).data, status=status.HTTP_201_CREATED)
 
 
@@ -107,6 +114,7 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
             return None
         expected = str(settings.NODE_TOKEN).encode()
         if expected and hmac.compare_digest(header[1], expected):
+            mark_auth(request._request, AuthMethod.NODE)
             return NodeAgent(), None
         return None
 
