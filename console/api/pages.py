@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from django import forms
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
@@ -85,9 +85,11 @@ def _create(request: HttpRequest, form: NewTokenForm) -> dict[str, Any]:
     return {"token": token, "raw": raw}
 
 
-@staff_member_required
+@login_required
 def audit_page(request: HttpRequest) -> HttpResponse:
     """The audit log for staff, read-only, with the same filters as /api/v1/audit/."""
+    if not request.user.is_staff:
+        raise PermissionDenied("The audit log is for staff.")
     entries = AuditFilter(request.GET, queryset=AuditEntry.objects.select_related("actor"))
     page: list[AuditEntry] = []
     paginator = KeysetPagination()
