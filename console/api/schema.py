@@ -11,6 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -77,3 +81,13 @@ class NodeTokenAuthenticationScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
         return {"type": "http", "scheme": "bearer", "description": "The node token agents present."}
+
+
+class SchemaView(SpectacularAPIView):
+    """``/api/schema/`` (YAML, or JSON with ``?format=json``); its errors are JSON like the API's."""
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(response, Response) and response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)

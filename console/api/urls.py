@@ -1,15 +1,15 @@
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from console.api.errors import UnknownEndpoint
+from console.api.schema import SchemaView
 from console.api.views import AuditList, PasswordTokenView, TokenViewSet
 
 router = SimpleRouter()
 router.register("tokens", TokenViewSet, basename="token")
 
 urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", SchemaView.as_view(), name="schema"),
     path("v1/", include("console.jobs.urls")),
     path("v1/", include("console.jobs.bundle_urls")),
     path("v1/", include("console.telemetry.urls")),

@@ -14,6 +14,12 @@ AUTH_METHODS = [
 ]
 
 
+class AddressFilter(django_filters.Filter):
+    """An IP address, checked before it reaches the inet column (where a bad one is a DB error)."""
+
+    field_class = forms.GenericIPAddressField
+
+
 class AuditFilter(django_filters.FilterSet):
     actor = django_filters.CharFilter(field_name="actor_name", help_text="Account name (exact)")
     action = django_filters.CharFilter(
@@ -21,9 +27,7 @@ class AuditFilter(django_filters.FilterSet):
     )
     target_type = django_filters.CharFilter(help_text="e.g. job, node, apitoken, bundle, user")
     target_id = django_filters.CharFilter()
-    address = django_filters.Filter(
-        field_name="source_address", field_class=forms.GenericIPAddressField, help_text="Source address (exact)"
-    )
+    address = AddressFilter(field_name="source_address", help_text="Source address (exact)")
     auth_method = django_filters.ChoiceFilter(choices=AUTH_METHODS)
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601, inclusive")
     until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601, exclusive")
