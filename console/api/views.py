@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from console.api import lockout
 from console.api.models import ALL_SCOPES, ApiToken, Scope
+from console.core.audit import AuthMethod
 from console.core.audit_filters import AuditFilter
 from console.core.models import AuditEntry
 
@@ -186,6 +187,8 @@ class PasswordTokenView(APIView):
             raise exceptions.Throttled(wait=wait, detail="Too many failed sign-in attempts.")
         if user is None or not user.is_active:
             raise exceptions.AuthenticationFailed("Wrong username or password.")
+        # No session is made, so Django's user_logged_in (which audits the form) does not fire.
+        AuditEntry.record(user, "auth.login", user, via=AuthMethod.PASSWORD, place="api")
         return issue_token(request, user, body)
 
     def get_authenticate_header(self, request: Request) -> str:
