@@ -6,6 +6,7 @@ import django_filters
 from django import forms
 from django.db.models import QuerySet
 
+from console.api.filters import UtcDateTimeFilter
 from console.core.audit import AuthMethod
 from console.core.models import AuditEntry
 
@@ -29,8 +30,8 @@ class AuditFilter(django_filters.FilterSet):
     target_id = django_filters.CharFilter()
     address = AddressFilter(field_name="source_address", help_text="Source address (exact)")
     auth_method = django_filters.ChoiceFilter(choices=AUTH_METHODS)
-    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601, inclusive")
-    until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601, exclusive")
+    since = UtcDateTimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601, inclusive")
+    until = UtcDateTimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601, exclusive")
 
     class Meta:
         model = AuditEntry

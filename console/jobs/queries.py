@@ -14,6 +14,7 @@ import django_filters
 from django import forms
 from django.db.models import Prefetch, Q, QuerySet
 
+from console.api.filters import UtcDateTimeFilter
 from console.core.states import JobState
 from console.jobs.models import Allocation, Job, Round
 
@@ -53,10 +54,10 @@ class JobFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(
         field_name="name", lookup_expr="startswith", help_text="Names starting with this (case-sensitive)"
     )
-    created_after = django_filters.IsoDateTimeFilter(
+    created_after = UtcDateTimeFilter(
         field_name="created_at", lookup_expr="gte", help_text="Submitted at or after (ISO 8601)"
     )
-    created_before = django_filters.IsoDateTimeFilter(
+    created_before = UtcDateTimeFilter(
         field_name="created_at", lookup_expr="lt", help_text="Submitted before (ISO 8601)"
     )
     sort = django_filters.ChoiceFilter(
