@@ -69,6 +69,12 @@ def after_key(ordering: Sequence[str], key: Sequence[Any]) -> Q:
     return Q(**{f"{first}__{'lte' if descending else 'gte'}": key[0]}) & alternatives
 
 
+def encode_cursor(sort: Sequence[str], key: Sequence[Any], backwards: bool = False) -> str:
+    """The ``cursor`` value for the rows after (or before) ``key`` in ``sort`` order."""
+    payload = {"k": list(key), "b": backwards, "s": list(sort)}
+    return base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
 def _reverse(ordering: Sequence[str]) -> tuple[str, ...]:
     return tuple(term[1:] if term.startswith("-") else f"-{term}" for term in ordering)
 
@@ -156,9 +162,8 @@ class KeysetPagination(CursorPagination):
         return KeyCursor(values, backwards)
 
     def _link(self, row: Model, backwards: bool) -> str:
-        payload = {"k": self.key_of(row), "b": backwards, "s": list(self.sort)}
-        token = base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode()
-        return replace_query_param(self.base_url, self.cursor_query_param, token.rstrip("="))
+        token = encode_cursor(self.sort, self.key_of(row), backwards)
+        return replace_query_param(self.base_url, self.cursor_query_param, token)
 
     def get_next_link(self) -> str | None:  # type: ignore[override]
         if not self.has_next or not self.page:

@@ -19,10 +19,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -38,15 +38,15 @@ FINISH_GRACE_SECONDS = 3.0
 MAX_TIMEOUT_SECONDS = 24 * 3600
 
 
-class EventStreamRenderer(BaseRenderer):
-    """Renders an error of this endpoint as one SSE ``error`` event for EventSource clients."""
+class JsonErrors(BaseContentNegotiation):
+    """The stream itself is a StreamingHttpResponse; everything DRF renders here is an error,
+    and errors are JSON whatever the Accept header (EventSource sends text/event-stream)."""
 
-    media_type = "text/event-stream"
-    format = "sse"
-    charset = "utf-8"
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
 
-    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
-        return f"event: error\ndata: {json.dumps(data)}\n\n".encode()
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
 
 
 class LogStreamQuery(serializers.Serializer):
@@ -64,13 +64,26 @@ class LogStreamQuery(serializers.Serializer):
     )
 
 
+# One event of the stream, as OpenAPI describes text/event-stream items.
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["line", "end", "error"]},
+        "id": {"type": "string", "description": "The line's id (line events)"},
+        "data": {"type": "string", "description": "JSON: a log line, or {reason, last_id} for end"},
+    },
+    "required": ["event", "data"],
+}
+
+
 def _sse(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
 class LogStreamView(APIView):
-    renderer_classes = [JSONRenderer, EventStreamRenderer]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonErrors
 
     @extend_schema(
         parameters=[
@@ -80,7 +93,7 @@ class LogStreamView(APIView):
         ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                OpenApiTypes.STR,
+                SSE_EVENT,
                 description="Events 'line' (data: a log line as in logs/, id: its id), 'end' when the job "
                 "finished or the timeout passed; ': keep-alive' comments every 15 s.",
             )

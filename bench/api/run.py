@@ -1,0 +1,340 @@
+"""REST API latency: the jobs list over 100,000 jobs, and token-authenticated requests.
+
+    .venv/bin/python bench/api/run.py [--jobs 100000] [--reps 5] [--requests 20] [--token-requests 1000]
+
+Makes its own database (``trainyard_api_bench``), fills it with ``jobs`` jobs (5 owners, 8 states,
+40 name prefixes with repeats, priorities, creation times over 100 days; a current round with
+allocations for the running ones), serves the console with Daphne on a free port and calls it over
+HTTP with one keep-alive connection, as a script or the CLI would.
+
+1. ``/api/v1/jobs/``: for each filter and sort (none, state, several states, owner, name prefix,
+   created range, sort by name, by priority, all filters at once), ``requests`` calls for the
+   first page and ``requests`` calls for pages deep in the list (cursors at random positions up
+   to the end: the key of the row there, as a ``next`` link would carry it). One repetition's
+   p95 is over all of its calls; the figure is the median (and range) of ``reps`` repetitions.
+2. ``token_requests`` sequential GETs of ``/api/v1/nodes/`` with a bearer token (lookup, lockout
+   check, scope check, last-use), against the same with a session cookie as the baseline.
+
+The last line is JSON with ``jobs_list_p95_ms`` and ``token_request_p95_ms`` (medians over reps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+BENCH_DB = "trainyard_api_bench"
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
+STATES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "STARTING", "RESIZING", "RESTARTING"]
+STATE_WEIGHTS = [10, 5, 50, 15, 15, 2, 1, 2]
+OWNERS = ["ana", "bo", "cy", "dee", "eli"]
+PREFIXES = [f"{word}-{size}" for word in ("bert", "gpt", "dlrm", "mlp", "vit") for size in range(8)]
+BATCH = 5000
+LIMIT_MS = 50.0
+
+children: list[subprocess.Popen[bytes]] = []
+
+
+def stop_children(*_: Any) -> None:
+    for child in children:
+        if child.poll() is None:
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+                child.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(child.pid, signal.SIGKILL)
+    children.clear()
+
+
+def interrupted(signum: int, _: Any) -> None:
+    stop_children()
+    raise SystemExit(128 + signum)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fresh_database() -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {BENCH_DB}")
+
+
+def drop_database() -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+
+def setup_django(home: Path) -> None:
+    os.environ.update(DATABASE_URL=DATABASE_URL, TRAINYARD_HOME=str(home))
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def seed(jobs: int) -> dict[str, Any]:
+    """``jobs`` jobs in batches; running ones get a current round on a node. Returns what the
+    scenarios need (ids and names)."""
+    from django.contrib.auth.models import Group, User
+    from django.db import connection
+
+    from console.api.models import ApiToken
+    from console.cluster.models import Node
+    from console.jobs.models import Allocation, Job, Round
+
+    rng = random.Random(14)
+    owners = [User.objects.create_user(name, password=None) for name in OWNERS]
+    staff = User.objects.create_user("bench", password="bench-password-1", is_staff=True, is_superuser=True)
+    staff.groups.add(Group.objects.get_or_create(name="operator")[0])
+    nodes = [Node.objects.create(name=f"gpu-{i:02d}", state="ONLINE", slots=8) for i in range(20)]
+    start = datetime.now(UTC) - timedelta(days=100)
+    made = 0
+    while made < jobs:
+        batch = []
+        for i in range(made, min(jobs, made + BATCH)):
+            state = rng.choices(STATES, STATE_WEIGHTS)[0]
+            batch.append(
+                Job(
+                    name=f"{rng.choice(PREFIXES)}-{rng.randrange(1000)}",
+                    owner=rng.choice(owners),
+                    workload="digits-mlp",
+                    state=state,
+                    round_number=1 if state in ("RUNNING", "RESIZING", "RESTARTING", "STARTING") else 0,
+                    priority=rng.randrange(-5, 6),
+                    min_nodes=1,
+                    max_nodes=2,
+                    desired_nodes=2,
+                )
+            )
+        created = Job.objects.bulk_create(batch)
+        # bulk_create sets created_at to now; spread it over 100 days in submission order.
+        for job in created:
+            job.created_at = start + timedelta(seconds=8640 * 100 * (job.pk % jobs) / jobs)
+        Job.objects.bulk_update(created, ["created_at"], batch_size=1000)
+        live = [j for j in created if j.round_number]
+        rounds = Round.objects.bulk_create(
+            Round(job=j, number=1, reason="start", world_size=4, master_addr="10.0.0.1", master_port=29500)
+            for j in live
+        )
+        Allocation.objects.bulk_create(
+            Allocation(round=r, node=nodes[(r.pk + k) % len(nodes)], node_rank=k, nproc=2)
+            for r in rounds
+            for k in range(2)
+        )
+        made += len(batch)
+        print(f"  seeded {made}/{jobs} jobs", flush=True)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+    token = ApiToken.issue(staff, "bench", ["read"])[1]
+    return {"token": token, "owner": OWNERS[1]}
+
+
+def deep_cursors(sort: str, params: dict[str, str], count: int, rng: random.Random) -> list[str | None]:
+    """Cursors at random positions through the filtered list, built from the rows' keys exactly
+    as the API's next links are."""
+    from console.api.pagination import complete_ordering, encode_cursor
+    from console.jobs.queries import SORTS, filter_jobs
+
+    found = filter_jobs(params)
+    assert found.is_valid(), found.errors
+    sort_key = complete_ordering(SORTS[sort])
+    fields = [term.lstrip("-") for term in sort_key]
+    total = found.qs.count()
+    cursors: list[str | None] = []
+    for _ in range(count):
+        if total == 0:
+            cursors.append(None)  # nothing matches: the "deep" page is the first
+            continue
+        position = rng.randrange(max(1, total - 1))
+        row = found.qs.values_list(*fields)[position]
+        key = [v.isoformat() if hasattr(v, "isoformat") else v for v in row]
+        cursors.append(encode_cursor(sort_key, key))
+    return cursors
+
+
+def scenarios(owner: str) -> dict[str, dict[str, str]]:
+    now = datetime.now(UTC)
+    week = {"created_after": (now - timedelta(days=40)).isoformat(), "created_before": (now - timedelta(days=33)).isoformat()}
+    return {
+        "no filter": {},
+        "state=RUNNING": {"state": "RUNNING"},
+        "state=PENDING,FAILED": {"state": "PENDING,FAILED"},
+        "owner": {"owner": owner},
+        "name prefix": {"name": "gpt-3"},
+        "created range": week,
+        "sort=name": {"sort": "name"},
+        "sort=-priority": {"sort": "-priority"},
+        "all filters": {"state": "SUCCEEDED", "owner": owner, "name": "bert", **week},
+    }
+
+
+def timed(call: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1000
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18]
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    import requests
+
+    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-"))
+    fresh_database()
+    print(f"database {BENCH_DB}: migrating and seeding {args.jobs} jobs", flush=True)
+    setup_django(home)
+    seeded = seed(args.jobs)
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": DATABASE_URL, "TRAINYARD_HOME": str(home), "LOG_LEVEL": "WARNING"}
+    log = (home / "daphne.log").open("wb")
+    children.append(
+        subprocess.Popen(
+            [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    )
+    base = f"http://127.0.0.1:{port}"
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {seeded['token']}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if api.get(f"{base}/api/v1/nodes/", timeout=5).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("daphne did not start: " + (home / "daphne.log").read_text()[-2000:])
+        time.sleep(0.3)
+
+    rng = random.Random(7)
+    cases = scenarios(seeded["owner"])
+    cursors = {name: deep_cursors(params.get("sort", "-created_at"), params, args.requests, rng) for name, params in cases.items()}
+    per_scenario: dict[str, list[float]] = {name: [] for name in cases}
+    list_p95: list[float] = []
+    for rep in range(args.reps):
+        rep_times: list[float] = []
+        for name, params in cases.items():
+            warm = api.get(f"{base}/api/v1/jobs/", params=params, timeout=30)
+            assert warm.status_code == 200, warm.text[:300]
+            times = []
+            for i in range(args.requests):
+                times.append(timed(lambda p=params: api.get(f"{base}/api/v1/jobs/", params=p, timeout=30).raise_for_status()))
+                deep = {**params, "cursor": cursors[name][i] or ""}
+                times.append(timed(lambda p=deep: api.get(f"{base}/api/v1/jobs/", params=p, timeout=30).raise_for_status()))
+            per_scenario[name].append(p95(times))
+            rep_times += times
+        list_p95.append(p95(rep_times))
+        print(f"  rep {rep + 1}: jobs list p95 {list_p95[-1]:.1f} ms", flush=True)
+
+    web = requests.Session()
+    login = web.post(
+        f"{base}/api/v1/auth/token/",
+        json={"username": "bench", "password": "bench-password-1", "name": "session-probe"},
+        timeout=30,
+    )
+    assert login.status_code == 201, login.text
+    # A session cookie for the baseline: sign in through the login form.
+    web.get(f"{base}/accounts/login/", timeout=30)
+    web.post(
+        f"{base}/accounts/login/",
+        data={"username": "bench", "password": "bench-password-1", "csrfmiddlewaretoken": web.cookies.get("csrftoken", "")},
+        headers={"Referer": f"{base}/accounts/login/"},
+        timeout=30,
+        allow_redirects=False,
+    )
+    assert "sessionid" in web.cookies
+    token_p95: list[float] = []
+    session_p95: list[float] = []
+    for rep in range(args.reps):
+        for client, into in ((api, token_p95), (web, session_p95)):
+            times = [timed(lambda c=client: c.get(f"{base}/api/v1/nodes/", timeout=30).raise_for_status()) for _ in range(args.token_requests)]
+            into.append(p95(times))
+        print(f"  rep {rep + 1}: token p95 {token_p95[-1]:.1f} ms, session p95 {session_p95[-1]:.1f} ms", flush=True)
+    return {"per_scenario": per_scenario, "list": list_p95, "token": token_p95, "session": session_p95}
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f}  ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=20, help="first-page and deep-page calls per scenario")
+    parser.add_argument("--token-requests", type=int, default=1000)
+    parser.add_argument("--keep-database", action="store_true")
+    args = parser.parse_args()
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        result = run_bench(args)
+    finally:
+        stop_children()
+        if not args.keep_database:
+            from django.db import connections
+
+            connections.close_all()
+            drop_database()
+
+    print(f"\n/api/v1/jobs/ over {args.jobs} jobs: p95 per scenario, ms, median (range) of {args.reps} reps")
+    print(f"{'scenario':<22} {'p95 ms':>7}")
+    for name, values in result["per_scenario"].items():
+        print(f"{name:<22} {summary(values)}")
+    print(f"{'all (first + deep)':<22} {summary(result['list'])}   limit {LIMIT_MS:.0f} ms")
+    print(f"\n{args.token_requests} sequential GET /api/v1/nodes/, p95 ms, median (range) of {args.reps} reps")
+    print(f"{'bearer token':<22} {summary(result['token'])}")
+    print(f"{'session cookie':<22} {summary(result['session'])}")
+    ratio = statistics.median(t / s for t, s in zip(result["token"], result["session"], strict=True))
+    print(f"{'token / session':<22} {ratio:7.2f}")
+    figures = {
+        "jobs_list_p95_ms": round(statistics.median(result["list"]), 2),
+        "jobs_list_p95_ms_range": [round(min(result["list"]), 2), round(max(result["list"]), 2)],
+        "token_request_p95_ms": round(statistics.median(result["token"]), 2),
+        "token_request_p95_ms_range": [round(min(result["token"]), 2), round(max(result["token"]), 2)],
+        "session_request_p95_ms": round(statistics.median(result["session"]), 2),
+        "token_over_session_p95": round(ratio, 3),
+        "jobs": args.jobs,
+        "reps": args.reps,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
