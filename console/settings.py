@@ -210,8 +210,10 @@ CELERY_BEAT_SCHEDULE = {
 
 INSTALLED_APPS += ["axes", "django_filters"]
 # Who made a change, from where and how: read by AuditEntry.record (console/core/audit.py).
-MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
-                  "console.core.audit.AuditContextMiddleware")
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+    "console.core.audit.AuditContextMiddleware",
+)
 # django-axes turns a lockout into its response; it must come last.
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")
 AUTHENTICATION_BACKENDS = [

@@ -29,7 +29,7 @@ from rest_framework.test import APIClient
 from console.api.models import ApiToken
 from console.cluster.models import Node
 from console.jobs.bundles import store_bundle
-from console.jobs.models import Bundle, Job
+from console.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -172,7 +172,9 @@ class World:
         revoked, self.raw["revoked"] = ApiToken.issue(self.staff, "revoked", ["read", "jobs:write", "admin"])
         revoked.revoke()
         self.probe_token = ApiToken.issue(self.staff, "probe", ["read"])[0]
-        self.job = Job.objects.create(name="m-job", workload="digits-mlp", min_nodes=1, max_nodes=2, desired_nodes=2)
+        self.job = Job.objects.create(
+            name="m-job", workload="digits-mlp", min_nodes=1, max_nodes=2, desired_nodes=2
+        )
         self.node = Node.objects.create(name="m-node", state="ONLINE")
         self.bundle = store_bundle(SimpleUploadedFile("b.tar.gz", small_archive()), self.operator)
 
@@ -210,7 +212,10 @@ def body_for(method: str, path: str, world: World) -> dict[str, Any]:
     if path == "/api/v1/tokens/":
         return {"data": {"name": "m-new", "scopes": ["admin"]}, "format": "json"}
     if path == "/api/v1/auth/token/":
-        return {"data": {"username": "m-staff", "password": "pw-staff-1", "name": "m-login"}, "format": "json"}
+        return {
+            "data": {"username": "m-staff", "password": "pw-staff-1", "name": "m-login"},
+            "format": "json",
+        }
     if path == "/api/v1/bundles/":
         upload = SimpleUploadedFile("new.tar.gz", small_archive() + b"", content_type="application/gzip")
         return {"data": {"file": upload}, "format": "multipart"}
@@ -273,5 +278,9 @@ def test_each_caller_gets_the_expected_status(world: World, path: str) -> None:
                 if path.startswith("/api/") and response.status_code >= 400:
                     assert response["Content-Type"].startswith("application/json"), (method, column)
                 transaction.set_rollback(True)
-        wrong += [f"{method} {path} as {c}: expected {expected[c]}, got {got[c]}" for c in expected if got[c] != expected[c]]
+        wrong += [
+            f"{method} {path} as {c}: expected {expected[c]}, got {got[c]}"
+            for c in expected
+            if got[c] != expected[c]
+        ]
     assert wrong == []

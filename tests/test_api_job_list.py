@@ -61,7 +61,9 @@ def test_the_list_costs_the_same_queries_for_one_job_or_fifty(viewer: User, oper
     with CaptureQueriesContext(connection) as fifty:
         body = client.get("/api/v1/jobs/").json()
     assert len(body["results"]) == 50
-    assert len(fifty.captured_queries) == len(one.captured_queries), [q["sql"] for q in fifty.captured_queries]
+    assert len(fifty.captured_queries) == len(one.captured_queries), [
+        q["sql"] for q in fifty.captured_queries
+    ]
     by_name = {j["name"]: j for j in body["results"]}
     assert by_name["j4"]["nodes"] == ["n0", "n1"] and by_name["j4"]["world_size"] == 4
 
@@ -99,7 +101,9 @@ def test_filters_by_state_owner_name_prefix_and_created_range(viewer: User, oper
     assert set(bad.json()["errors"]) == {"state", "created_after", "sort"}
 
 
-@pytest.mark.parametrize("sort", ["-created_at", "created_at", "name", "-name", "priority", "-priority", "id"])
+@pytest.mark.parametrize(
+    "sort", ["-created_at", "created_at", "name", "-name", "priority", "-priority", "id"]
+)
 def test_every_sort_pages_through_all_jobs_once_in_order(viewer: User, sort: str) -> None:
     # Repeated names and priorities: the cursor must keep its place among equal keys.
     for i in range(23):

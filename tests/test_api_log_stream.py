@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def add_lines(job: Job, seqs: range, rank: int = 0) -> None:
     now = datetime.now(UTC)
     LogLine.objects.bulk_create(
-        LogLine(job=job, round_number=1, rank=rank, stream="stdout", seq=s, text=f"line {s}", time=now) for s in seqs
+        LogLine(job=job, round_number=1, rank=rank, stream="stdout", seq=s, text=f"line {s}", time=now)
+        for s in seqs
     )
 
 
@@ -69,7 +70,10 @@ def test_stream_sends_tail_then_new_lines_then_ends(console_url: str, token: str
 
         Job.objects.filter(pk=job.pk).update(state="STOPPED")
         end = next(stream)
-        assert end["event"] == "end" and end["data"] == {"reason": "finished", "last_id": int(later[-1]["id"])}
+        assert end["event"] == "end" and end["data"] == {
+            "reason": "finished",
+            "last_id": int(later[-1]["id"]),
+        }
 
     # A reconnect with Last-Event-ID gets what came after, and nothing twice.
     resumed = requests.get(url, headers={**headers, "Last-Event-ID": first[0]["id"]}, stream=True, timeout=30)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 import schemathesis
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,10 +97,14 @@ def real_ids(operator: User) -> Callable[[str, str], Any]:
     return real
 
 
-def test_every_operation_as_operator_and_viewer(no_lockout: None, console_url: str, operator: User, viewer: User) -> None:
+def test_every_operation_as_operator_and_viewer(
+    no_lockout: None, console_url: str, operator: User, viewer: User
+) -> None:
     real = real_ids(operator)
     callers = {"operator": Caller(operator), "viewer": Caller(viewer)}
-    loaded = requests.get(f"{console_url}/api/schema/?format=json", headers=callers["viewer"].headers(), timeout=60)
+    loaded = requests.get(
+        f"{console_url}/api/schema/?format=json", headers=callers["viewer"].headers(), timeout=60
+    )
     assert loaded.status_code == 200
     schema = schemathesis.openapi.from_dict(loaded.json())
     operations = [result.ok() for result in schema.get_all_operations()]

@@ -39,7 +39,9 @@ def bearer(raw: str) -> APIClient:
 
 def test_a_new_token_is_shown_once_and_stored_hashed(operator: User) -> None:
     created = session(operator).post(
-        "/api/v1/tokens/", {"name": "ci", "scopes": ["read", "jobs:write"], "expires_in_days": 30}, format="json"
+        "/api/v1/tokens/",
+        {"name": "ci", "scopes": ["read", "jobs:write"], "expires_in_days": 30},
+        format="json",
     )
     assert created.status_code == 201, created.content
     body = created.json()
@@ -52,7 +54,9 @@ def test_a_new_token_is_shown_once_and_stored_hashed(operator: User) -> None:
 
     listed = session(operator).get("/api/v1/tokens/").json()["results"]
     assert [t["name"] for t in listed] == ["ci"] and "token" not in listed[0]
-    assert AuditEntry.objects.filter(action="token.create", actor=operator, target_id=str(token.pk)).count() == 1
+    assert (
+        AuditEntry.objects.filter(action="token.create", actor=operator, target_id=str(token.pk)).count() == 1
+    )
 
 
 def test_scopes_limit_a_token_to_what_they_name(operator: User) -> None:
@@ -62,18 +66,28 @@ def test_scopes_limit_a_token_to_what_they_name(operator: User) -> None:
     assert refused.status_code == 403 and "jobs:write" in refused.json()["detail"]
 
     _, writer = ApiToken.issue(operator, "writer", ["jobs:write"])
-    assert bearer(writer).post("/api/v1/jobs/", {"name": "x", "workload": "digits-mlp"}, format="json").status_code == 201
+    assert (
+        bearer(writer)
+        .post("/api/v1/jobs/", {"name": "x", "workload": "digits-mlp"}, format="json")
+        .status_code
+        == 201
+    )
     assert bearer(writer).get("/api/v1/jobs/").status_code == 403  # no read scope
 
 
 def test_a_role_still_limits_a_token_with_every_scope(viewer: User) -> None:
     _, raw = ApiToken.issue(viewer, "all", ["read", "jobs:write", "nodes:write", "admin"])
-    assert bearer(raw).post("/api/v1/jobs/", {"name": "x", "workload": "digits-mlp"}, format="json").status_code == 403
+    assert (
+        bearer(raw).post("/api/v1/jobs/", {"name": "x", "workload": "digits-mlp"}, format="json").status_code
+        == 403
+    )
     assert bearer(raw).get("/api/v1/audit/").status_code == 403  # staff only
 
 
 def test_expired_and_revoked_tokens_are_refused_with_the_reason(operator: User) -> None:
-    expired, raw_expired = ApiToken.issue(operator, "old", ["read"], expires_at=timezone.now() + timedelta(seconds=1))
+    expired, raw_expired = ApiToken.issue(
+        operator, "old", ["read"], expires_at=timezone.now() + timedelta(seconds=1)
+    )
     ApiToken.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     answer = bearer(raw_expired).get("/api/v1/jobs/")
     assert answer.status_code == 401 and "expired" in answer.json()["detail"]
@@ -158,7 +172,9 @@ def test_the_tokens_page_creates_shows_once_and_revokes(operator: User) -> None:
     page = web.get("/account/tokens/")
     assert page.status_code == 200 and b"No tokens yet" in page.content
 
-    made = web.post("/account/tokens/", {"action": "create", "name": "notebook", "scopes": ["read", "jobs:write"]})
+    made = web.post(
+        "/account/tokens/", {"action": "create", "name": "notebook", "scopes": ["read", "jobs:write"]}
+    )
     assert made.status_code == 200
     token = ApiToken.objects.get(user=operator, name="notebook")
     raw = made.context["created"]["raw"]

@@ -48,7 +48,9 @@ def test_sign_ins_and_failures_record_address_and_method(operator: User) -> None
     web.post("/accounts/login/", {"username": "olivia", "password": "pw-operator-1"})
     web.post("/accounts/logout/")
     APIClient(REMOTE_ADDR="192.0.2.11").post(
-        "/api/v1/auth/token/", {"username": "olivia", "password": "pw-operator-1", "name": "cli"}, format="json"
+        "/api/v1/auth/token/",
+        {"username": "olivia", "password": "pw-operator-1", "name": "cli"},
+        format="json",
     )
 
     failed = entry("auth.login_failed")
@@ -116,8 +118,19 @@ def test_admin_edits_single_and_bulk_are_recorded(staff: User) -> None:
     target = User.objects.create_user("bob", password="pw-bob-1")
     page = reverse("admin:auth_user_change", args=[target.pk])
     form = admin.get(page).context["adminform"].form
-    data = {k: v for k, v in form.initial.items() if v is not None and k not in ("groups", "user_permissions", "password")}
-    data.update(username="bob", first_name="Robert", last_login_0="", last_login_1="", date_joined_0="2026-01-01", date_joined_1="00:00:00")
+    data = {
+        k: v
+        for k, v in form.initial.items()
+        if v is not None and k not in ("groups", "user_permissions", "password")
+    }
+    data.update(
+        username="bob",
+        first_name="Robert",
+        last_login_0="",
+        last_login_1="",
+        date_joined_0="2026-01-01",
+        date_joined_1="00:00:00",
+    )
     response = admin.post(page, data)
     assert response.status_code == 302, response.content[:500]
     changed = entry("admin.change")
@@ -156,8 +169,12 @@ def test_the_audit_api_filters_and_is_for_staff_only(staff: User, operator: User
         "auth.login",
         "job.submit",
     ]
-    assert [e["action"] for e in api.get("/api/v1/audit/", {"action": "auth."}).json()["results"]] == ["auth.login"]
-    assert [e["target_id"] for e in api.get("/api/v1/audit/", {"auth_method": "token"}).json()["results"]] == ["1"]
+    assert [e["action"] for e in api.get("/api/v1/audit/", {"action": "auth."}).json()["results"]] == [
+        "auth.login"
+    ]
+    assert [
+        e["target_id"] for e in api.get("/api/v1/audit/", {"auth_method": "token"}).json()["results"]
+    ] == ["1"]
     assert api.get("/api/v1/audit/", {"address": "not-an-ip"}).status_code == 400
     assert api.get("/api/v1/audit/", {"since": "2999-01-01T00:00:00Z"}).json()["results"] == []
     assert api.post("/api/v1/audit/", {}).status_code == 405  # read-only

@@ -81,7 +81,9 @@ def test_metrics_exposition(stream: redis.Redis, viewer: User) -> None:
     assert "# TYPE trainyard_ingest_points_total counter" in text
 
     # A Prometheus server asks for OpenMetrics first; prometheus-client answers in it.
-    openmetrics = web.get("/metrics", HTTP_ACCEPT="application/openmetrics-text;version=1.0.0,text/plain;q=0.5")
+    openmetrics = web.get(
+        "/metrics", HTTP_ACCEPT="application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+    )
     assert openmetrics["Content-Type"].startswith("application/openmetrics-text")
     assert openmetrics.content.decode().rstrip().endswith("# EOF")
 

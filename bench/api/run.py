@@ -120,7 +120,7 @@ def seed(jobs: int) -> dict[str, Any]:
     made = 0
     while made < jobs:
         batch = []
-        for i in range(made, min(jobs, made + BATCH)):
+        for _ in range(made, min(jobs, made + BATCH)):
             state = rng.choices(STATES, STATE_WEIGHTS)[0]
             batch.append(
                 Job(
@@ -183,7 +183,10 @@ def deep_cursors(sort: str, params: dict[str, str], count: int, rng: random.Rand
 
 def scenarios(owner: str) -> dict[str, dict[str, str]]:
     now = datetime.now(UTC)
-    week = {"created_after": (now - timedelta(days=40)).isoformat(), "created_before": (now - timedelta(days=33)).isoformat()}
+    week = {
+        "created_after": (now - timedelta(days=40)).isoformat(),
+        "created_before": (now - timedelta(days=33)).isoformat(),
+    }
     return {
         "no filter": {},
         "state=RUNNING": {"state": "RUNNING"},
@@ -220,7 +223,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     log = (home / "daphne.log").open("wb")
     children.append(
         subprocess.Popen(
-            [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
+            [
+                str(Path(sys.executable).parent / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "console.asgi:application",
+            ],
             cwd=REPO,
             env=env,
             stdout=log,
@@ -244,7 +254,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     rng = random.Random(7)
     cases = scenarios(seeded["owner"])
-    cursors = {name: deep_cursors(params.get("sort", "-created_at"), params, args.requests, rng) for name, params in cases.items()}
+    cursors = {
+        name: deep_cursors(params.get("sort", "-created_at"), params, args.requests, rng)
+        for name, params in cases.items()
+    }
     per_scenario: dict[str, list[float]] = {name: [] for name in cases}
     list_p95: list[float] = []
     for rep in range(args.reps):
@@ -254,9 +267,21 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             assert warm.status_code == 200, warm.text[:300]
             times = []
             for i in range(args.requests):
-                times.append(timed(lambda p=params: api.get(f"{base}/api/v1/jobs/", params=p, timeout=30).raise_for_status()))
+                times.append(
+                    timed(
+                        lambda p=params: api.get(
+                            f"{base}/api/v1/jobs/", params=p, timeout=30
+                        ).raise_for_status()
+                    )
+                )
                 deep = {**params, "cursor": cursors[name][i] or ""}
-                times.append(timed(lambda p=deep: api.get(f"{base}/api/v1/jobs/", params=p, timeout=30).raise_for_status()))
+                times.append(
+                    timed(
+                        lambda p=deep: api.get(
+                            f"{base}/api/v1/jobs/", params=p, timeout=30
+                        ).raise_for_status()
+                    )
+                )
             per_scenario[name].append(p95(times))
             rep_times += times
         list_p95.append(p95(rep_times))
@@ -273,7 +298,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     web.get(f"{base}/accounts/login/", timeout=30)
     web.post(
         f"{base}/accounts/login/",
-        data={"username": "bench", "password": "bench-password-1", "csrfmiddlewaretoken": web.cookies.get("csrftoken", "")},
+        data={
+            "username": "bench",
+            "password": "bench-password-1",
+            "csrfmiddlewaretoken": web.cookies.get("csrftoken", ""),
+        },
         headers={"Referer": f"{base}/accounts/login/"},
         timeout=30,
         allow_redirects=False,
@@ -283,9 +312,15 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     session_p95: list[float] = []
     for rep in range(args.reps):
         for client, into in ((api, token_p95), (web, session_p95)):
-            times = [timed(lambda c=client: c.get(f"{base}/api/v1/nodes/", timeout=30).raise_for_status()) for _ in range(args.token_requests)]
+            times = [
+                timed(lambda c=client: c.get(f"{base}/api/v1/nodes/", timeout=30).raise_for_status())
+                for _ in range(args.token_requests)
+            ]
             into.append(p95(times))
-        print(f"  rep {rep + 1}: token p95 {token_p95[-1]:.1f} ms, session p95 {session_p95[-1]:.1f} ms", flush=True)
+        print(
+            f"  rep {rep + 1}: token p95 {token_p95[-1]:.1f} ms, session p95 {session_p95[-1]:.1f} ms",
+            flush=True,
+        )
     return {"per_scenario": per_scenario, "list": list_p95, "token": token_p95, "session": session_p95}
 
 
@@ -297,7 +332,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=20, help="first-page and deep-page calls per scenario")
+    parser.add_argument(
+        "--requests", type=int, default=20, help="first-page and deep-page calls per scenario"
+    )
     parser.add_argument("--token-requests", type=int, default=1000)
     parser.add_argument("--keep-database", action="store_true")
     args = parser.parse_args()
@@ -318,7 +355,9 @@ def main() -> None:
     for name, values in result["per_scenario"].items():
         print(f"{name:<22} {summary(values)}")
     print(f"{'all (first + deep)':<22} {summary(result['list'])}   limit {LIMIT_MS:.0f} ms")
-    print(f"\n{args.token_requests} sequential GET /api/v1/nodes/, p95 ms, median (range) of {args.reps} reps")
+    print(
+        f"\n{args.token_requests} sequential GET /api/v1/nodes/, p95 ms, median (range) of {args.reps} reps"
+    )
     print(f"{'bearer token':<22} {summary(result['token'])}")
     print(f"{'session cookie':<22} {summary(result['session'])}")
     ratio = statistics.median(t / s for t, s in zip(result["token"], result["session"], strict=True))

@@ -49,7 +49,9 @@ class TokenAuthentication(authentication.BaseAuthentication):
             self._refuse(request, token, owner, raw)
         assert token is not None
         mark_auth(request._request, AuthMethod.TOKEN, token.prefix)
-        needed = required_scope(request, request.parser_context.get("view") if request.parser_context else None)
+        needed = required_scope(
+            request, request.parser_context.get("view") if request.parser_context else None
+        )
         if needed is not None and not token.allows(needed):
             raise exceptions.PermissionDenied(f"This token lacks the '{needed}' scope.")
         token.note_use(client_address(request._request))

@@ -81,7 +81,9 @@ def _create(request: HttpRequest, form: NewTokenForm) -> dict[str, Any]:
     days = form.cleaned_data.get("expires_in_days")
     expires = timezone.now() + timedelta(days=days) if days else None
     token, raw = ApiToken.issue(request.user, name, form.cleaned_data["scopes"], expires)
-    AuditEntry.record(request.user, "token.create", token, name=token.name, scopes=token.scopes, replace=False)
+    AuditEntry.record(
+        request.user, "token.create", token, name=token.name, scopes=token.scopes, replace=False
+    )
     return {"token": token, "raw": raw}
 
 

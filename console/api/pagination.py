@@ -158,7 +158,9 @@ class KeysetPagination(CursorPagination):
                 for term, v in zip(self.sort, key, strict=True)
             )
         except Exception:  # any malformed part (base64, JSON, a value of the wrong type) is the same 400
-            raise serializers.ValidationError({self.cursor_query_param: [self.invalid_cursor_message]}) from None
+            raise serializers.ValidationError(
+                {self.cursor_query_param: [self.invalid_cursor_message]}
+            ) from None
         return KeyCursor(values, backwards)
 
     def _link(self, row: Model, backwards: bool) -> str:

@@ -110,7 +110,9 @@ def issue_token(request: Request, user: Any, body: TokenRequestSerializer) -> Re
             {"name": [f"You already have a token named {data['name']!r}; revoke it or ask to replace it."]}
         )
     token, raw = ApiToken.issue(user, data["name"], scopes, body.expiry(), replace=data["replace"])
-    AuditEntry.record(user, "token.create", token, name=token.name, scopes=token.scopes, replace=data["replace"])
+    AuditEntry.record(
+        user, "token.create", token, name=token.name, scopes=token.scopes, replace=data["replace"]
+    )
     out = dict(TokenSerializer(token).data)
     out["token"] = raw
     return Response(out, status=status.HTTP_201_CREATED)
@@ -118,7 +120,9 @@ def issue_token(request: Request, user: Any, body: TokenRequestSerializer) -> Re
 
 def revoke_token(actor: Any, token: ApiToken, how: str) -> None:
     if token.revoke():
-        AuditEntry.record(actor, "token.revoke", token, name=token.name, owner=token.user.get_username(), how=how)
+        AuditEntry.record(
+            actor, "token.revoke", token, name=token.name, owner=token.user.get_username(), how=how
+        )
 
 
 class TokenViewSet(

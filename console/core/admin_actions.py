@@ -30,7 +30,12 @@ def audited_delete_selected(
     if response is None:  # confirmed and done (otherwise Django showed the confirmation page)
         for pk, text in targets:
             AuditEntry.record_raw(
-                request.user, "admin.delete", target_type=model_name, target_id=pk, via=AuthMethod.SESSION, object=text
+                request.user,
+                "admin.delete",
+                target_type=model_name,
+                target_id=pk,
+                via=AuthMethod.SESSION,
+                object=text,
             )
     return response
 

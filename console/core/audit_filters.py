@@ -11,7 +11,8 @@ from console.core.audit import AuthMethod
 from console.core.models import AuditEntry
 
 AUTH_METHODS = [
-    (m, m) for m in (AuthMethod.SESSION, AuthMethod.PASSWORD, AuthMethod.TOKEN, AuthMethod.NODE, AuthMethod.SYSTEM)
+    (m, m)
+    for m in (AuthMethod.SESSION, AuthMethod.PASSWORD, AuthMethod.TOKEN, AuthMethod.NODE, AuthMethod.SYSTEM)
 ]
 
 
@@ -38,4 +39,8 @@ class AuditFilter(django_filters.FilterSet):
         fields: list[str] = []
 
     def action_prefix(self, queryset: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
-        return queryset.filter(action__startswith=value) if value.endswith(".") else queryset.filter(action=value)
+        return (
+            queryset.filter(action__startswith=value)
+            if value.endswith(".")
+            else queryset.filter(action=value)
+        )

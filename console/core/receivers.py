@@ -44,7 +44,9 @@ def _with(request: HttpRequest | None, write: Any) -> None:
 def audit_login(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
     _with(
         request,
-        lambda: AuditEntry.record(user, "auth.login", user, via=AuthMethod.PASSWORD, place=_login_place(request)),
+        lambda: AuditEntry.record(
+            user, "auth.login", user, via=AuthMethod.PASSWORD, place=_login_place(request)
+        ),
     )
 
 

@@ -346,7 +346,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if not Job.objects.filter(pk=job_id).exists():
             raise Http404("No such job.")
         allocations = Allocation.objects.select_related("node").order_by("node_rank")
-        rounds = Round.objects.filter(job_id=job_id).prefetch_related(Prefetch("allocations", queryset=allocations))
+        rounds = Round.objects.filter(job_id=job_id).prefetch_related(
+            Prefetch("allocations", queryset=allocations)
+        )
         page = self.paginate_queryset(rounds)
         assert page is not None
         return self.get_paginated_response(RoundSerializer(page, many=True).data)

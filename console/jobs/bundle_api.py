@@ -81,7 +81,12 @@ class BundleListCreate(ListAPIView[Bundle]):
         except BundleError as error:
             return _refused(str(error))
         AuditEntry.record(
-            request.user, "bundle.upload", bundle, sha256=bundle.sha256, size_bytes=bundle.size_bytes, filename=bundle.filename
+            request.user,
+            "bundle.upload",
+            bundle,
+            sha256=bundle.sha256,
+            size_bytes=bundle.size_bytes,
+            filename=bundle.filename,
         )
         return Response(BundleSerializer(bundle).data, status=status.HTTP_201_CREATED)
 

@@ -99,7 +99,9 @@ def attach_current_rounds(jobs: Iterable[Job]) -> None:
         for job_id, number in wanted:
             match |= Q(job_id=job_id, number=number)
         allocations = Allocation.objects.select_related("node").order_by("node_rank")
-        for rnd in Round.objects.filter(match).prefetch_related(Prefetch("allocations", queryset=allocations)):
+        for rnd in Round.objects.filter(match).prefetch_related(
+            Prefetch("allocations", queryset=allocations)
+        ):
             rounds[(rnd.job_id, rnd.number)] = rnd
     for job in jobs:
         job.current_round_cached = rounds.get((job.pk, job.round_number))  # type: ignore[attr-defined]

@@ -57,10 +57,18 @@ class LogStreamQuery(serializers.Serializer):
         required=False, min_value=0, help_text="Send lines after this id (default: the Last-Event-ID header)"
     )
     tail = serializers.IntegerField(
-        required=False, min_value=0, max_value=5000, default=0, help_text="Without 'after': first send this many past lines"
+        required=False,
+        min_value=0,
+        max_value=5000,
+        default=0,
+        help_text="Without 'after': first send this many past lines",
     )
     timeout = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_TIMEOUT_SECONDS, default=3600, help_text="End after this many seconds"
+        required=False,
+        min_value=1,
+        max_value=MAX_TIMEOUT_SECONDS,
+        default=3600,
+        help_text="End after this many seconds",
     )
 
 
@@ -141,7 +149,7 @@ async def follow(job_id: int, params: dict[str, Any], after: int, timeout: float
     deadline = time.monotonic() + timeout
     last_sent = time.monotonic()
     finished_at: float | None = None
-    yield ": stream of job %d's log lines\n\n" % job_id
+    yield f": stream of job {job_id}'s log lines\n\n"
     while True:
         lines, finished = await fetch(job_id, params, after)
         for line in lines:

@@ -93,7 +93,9 @@ class ConsoleCollector:
             "trainyard_node_cpu_utilization_ratio", "Host CPU use (0-1), latest heartbeat.", labels=["node"]
         )
         memory = GaugeMetricFamily(
-            "trainyard_node_memory_utilization_ratio", "Host memory use (0-1), latest heartbeat.", labels=["node"]
+            "trainyard_node_memory_utilization_ratio",
+            "Host memory use (0-1), latest heartbeat.",
+            labels=["node"],
         )
         memory_total = GaugeMetricFamily("trainyard_node_memory_bytes", "Host memory.", labels=["node"])
         heartbeat = GaugeMetricFamily(
@@ -109,7 +111,9 @@ class ConsoleCollector:
                 heartbeat.add_metric([node.name], node.last_heartbeat.timestamp())
         yield from (cpu, memory, memory_total, heartbeat)
         utilization = GaugeMetricFamily(
-            "trainyard_gpu_utilization_ratio", "GPU utilisation (0-1), latest heartbeat.", labels=["node", "gpu"]
+            "trainyard_gpu_utilization_ratio",
+            "GPU utilisation (0-1), latest heartbeat.",
+            labels=["node", "gpu"],
         )
         used = GaugeMetricFamily(
             "trainyard_gpu_memory_used_bytes", "GPU memory in use, latest heartbeat.", labels=["node", "gpu"]
@@ -137,7 +141,9 @@ class ConsoleCollector:
         if not figures:
             return
         yield GaugeMetricFamily(
-            "trainyard_ingest_pending_entries", "Stream entries read but not yet acked.", value=figures["pending"]
+            "trainyard_ingest_pending_entries",
+            "Stream entries read but not yet acked.",
+            value=figures["pending"],
         )
         yield GaugeMetricFamily(
             "trainyard_ingest_oldest_pending_age_seconds",
@@ -149,9 +155,13 @@ class ConsoleCollector:
                 "trainyard_ingest_lag_entries", "Stream entries not yet read by ingest.", value=figures["lag"]
             )
         yield GaugeMetricFamily(
-            "trainyard_ingest_consumers", "Ingest consumers that reported in the last 30 s.", value=figures["consumers"]
+            "trainyard_ingest_consumers",
+            "Ingest consumers that reported in the last 30 s.",
+            value=figures["consumers"],
         )
-        yield CounterMetricFamily("trainyard_ingest_points", "Metric points ingested.", value=figures["points_total"])
+        yield CounterMetricFamily(
+            "trainyard_ingest_points", "Metric points ingested.", value=figures["points_total"]
+        )
         yield CounterMetricFamily(
             "trainyard_ingest_records", "Telemetry records ingested.", value=figures["records_total"]
         )
@@ -171,7 +181,9 @@ class PassThroughRenderer(BaseRenderer):
     format = "prometheus"
     charset = "utf-8"
 
-    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
         detail = data.get("detail", "") if isinstance(data, dict) else data
         return f"# {detail}\n".encode()
 
