@@ -243,11 +243,12 @@ SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "drf_spectacular.hooks.postprocess_schema_enums",
     "console.api.schema.document_errors",
 ]
-SPECTACULAR_SETTINGS["COMPONENT_SPLIT_REQUEST"] = True
+# (mypy typed SPECTACULAR_SETTINGS from its first, all-string values.)
+SPECTACULAR_SETTINGS["COMPONENT_SPLIT_REQUEST"] = True  # type: ignore[assignment]
 # Token last-used times are written at most this often (a write per request would cost more
 # than the request).
 TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
-SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
     "JobStateEnum": "console.core.states.JobState",
     "NodeStateEnum": "console.core.states.NodeState",
     "AllocationStateEnum": "console.jobs.models.AllocationState",

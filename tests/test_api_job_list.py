@@ -117,7 +117,7 @@ def test_every_sort_pages_through_all_jobs_once_in_order(viewer: User, sort: str
     assert values == sorted(values, reverse=sort.startswith("-"))
 
     # previous links walk back the same pages.
-    first = client.get("/api/v1/jobs/", {"sort": sort, "page_size": 5}).json()
+    first = client.get("/api/v1/jobs/", {"sort": sort, "page_size": "5"}).json()
     second = client.get(first["next"]).json()
     back = client.get(second["previous"]).json()
     assert [j["id"] for j in back["results"]] == [j["id"] for j in first["results"]]
@@ -130,7 +130,7 @@ def test_bad_cursor_and_page_size_are_400(viewer: User) -> None:
     assert client.get("/api/v1/jobs/", {"page_size": 501}).status_code == 400
     Job.objects.create(name="a", workload="digits-mlp")
     Job.objects.create(name="b", workload="digits-mlp")
-    page = client.get("/api/v1/jobs/", {"page_size": 1, "sort": "name"}).json()
+    page = client.get("/api/v1/jobs/", {"page_size": "1", "sort": "name"}).json()
     # A cursor made for one sort order is refused by another.
     other = client.get(page["next"].replace("sort=name", "sort=-priority"))
     assert other.status_code == 400 and "cursor" in other.json()["errors"]

@@ -87,11 +87,11 @@ def test_stream_filters_and_refuses_bad_input(console_url: str, token: str) -> N
     add_lines(job, range(3), rank=1)
     headers = {"Authorization": f"Bearer {token}"}
     url = f"{console_url}/api/v1/jobs/{job.pk}/logs/stream/"
-    only_rank_1 = requests.get(url, params={"after": 0, "rank": 1}, headers=headers, timeout=30)
+    only_rank_1 = requests.get(url, params={"after": "0", "rank": "1"}, headers=headers, timeout=30)
     lines = [e["data"] for e in events(only_rank_1) if e.get("event") == "line"]
     assert [(ln["rank"], ln["seq"]) for ln in lines] == [(1, 0), (1, 1), (1, 2)]
 
-    bad = requests.get(url, params={"rank": "x", "timeout": 0}, headers=headers, timeout=30)
+    bad = requests.get(url, params={"rank": "x", "timeout": "0"}, headers=headers, timeout=30)
     assert bad.status_code == 400 and set(bad.json()["errors"]) == {"rank", "timeout"}
     assert requests.get(url, timeout=30).status_code == 401
     missing = requests.get(f"{console_url}/api/v1/jobs/999999/logs/stream/", headers=headers, timeout=30)

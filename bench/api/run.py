@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -200,9 +199,10 @@ def scenarios(owner: str) -> dict[str, dict[str, str]]:
     }
 
 
-def timed(call: Callable[[], Any]) -> float:
+def get_ms(session: Any, url: str, params: dict[str, str] | None = None) -> float:
+    """One GET's wall time in milliseconds (a failed call stops the bench)."""
     started = time.perf_counter()
-    call()
+    session.get(url, params=params, timeout=30).raise_for_status()
     return (time.perf_counter() - started) * 1000
 
 
@@ -267,21 +267,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             assert warm.status_code == 200, warm.text[:300]
             times = []
             for i in range(args.requests):
-                times.append(
-                    timed(
-                        lambda p=params: api.get(
-                            f"{base}/api/v1/jobs/", params=p, timeout=30
-                        ).raise_for_status()
-                    )
-                )
+                times.append(get_ms(api, f"{base}/api/v1/jobs/", params))
                 deep = {**params, "cursor": cursors[name][i] or ""}
-                times.append(
-                    timed(
-                        lambda p=deep: api.get(
-                            f"{base}/api/v1/jobs/", params=p, timeout=30
-                        ).raise_for_status()
-                    )
-                )
+                times.append(get_ms(api, f"{base}/api/v1/jobs/", deep))
             per_scenario[name].append(p95(times))
             rep_times += times
         list_p95.append(p95(rep_times))
@@ -312,10 +300,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     session_p95: list[float] = []
     for rep in range(args.reps):
         for client, into in ((api, token_p95), (web, session_p95)):
-            times = [
-                timed(lambda c=client: c.get(f"{base}/api/v1/nodes/", timeout=30).raise_for_status())
-                for _ in range(args.token_requests)
-            ]
+            times = [get_ms(client, f"{base}/api/v1/nodes/") for _ in range(args.token_requests)]
             into.append(p95(times))
         print(
             f"  rep {rep + 1}: token p95 {token_p95[-1]:.1f} ms, session p95 {session_p95[-1]:.1f} ms",

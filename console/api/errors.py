@@ -14,7 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import resolve
 from django.views import defaults
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,17 +26,6 @@ from console.core.states import IllegalTransition
 
 class Conflict(Exception):
     """The request is valid but the object's state does not allow it now (HTTP 409)."""
-
-
-class ErrorSerializer(serializers.Serializer):
-    """Every error the API answers."""
-
-    detail = serializers.CharField()
-    errors = serializers.DictField(
-        child=serializers.ListField(child=serializers.CharField()),
-        required=False,
-        help_text="Messages by field ('non_field_errors' for the request as a whole).",
-    )
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -86,19 +75,19 @@ def _is_api(request: HttpRequest) -> bool:
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _is_api(request):
         return JsonResponse({"detail": "Bad request."}, status=400)
-    return defaults.bad_request(request, exception)
+    return defaults.bad_request(request, exception or Exception())
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _is_api(request):
         return JsonResponse({"detail": "You do not have permission to perform this action."}, status=403)
-    return defaults.permission_denied(request, exception)
+    return defaults.permission_denied(request, exception or Exception())
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _is_api(request):
         return api_not_found(request)
-    return defaults.page_not_found(request, exception)
+    return defaults.page_not_found(request, exception or Exception())
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

@@ -54,7 +54,10 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
     form = NewTokenForm()
     created: dict[str, Any] | None = None
     if request.method == "POST" and request.POST.get("action") == "revoke":
-        token = get_object_or_404(ApiToken, pk=request.POST.get("token", "0") or 0, user=request.user)
+        chosen = request.POST.get("token", "")
+        token = get_object_or_404(
+            ApiToken, pk=int(chosen) if chosen.isdigit() else 0, user_id=int(request.user.pk or 0)
+        )
         revoke_token(request.user, token, how="page")
     elif request.method == "POST":
         form = NewTokenForm(request.POST)
@@ -65,7 +68,7 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
                 created = None
             else:
                 form = NewTokenForm()
-    tokens = ApiToken.objects.filter(user=request.user, revoked=False).order_by("-created_at")
+    tokens = ApiToken.objects.filter(user_id=int(request.user.pk or 0), revoked=False).order_by("-created_at")
     return render(
         request,
         "api/tokens.html",
@@ -76,7 +79,7 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
 
 def _create(request: HttpRequest, form: NewTokenForm) -> dict[str, Any]:
     name = form.cleaned_data["name"]
-    if ApiToken.objects.filter(user=request.user, name=name, revoked=False).exists():
+    if ApiToken.objects.filter(user_id=int(request.user.pk or 0), name=name, revoked=False).exists():
         return {"error": f"You already have a token named {name!r}: revoke it first or pick another name."}
     days = form.cleaned_data.get("expires_in_days")
     expires = timezone.now() + timedelta(days=days) if days else None

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Field, Model, Q, QuerySet
 from rest_framework import serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -75,6 +75,13 @@ def encode_cursor(sort: Sequence[str], key: Sequence[Any], backwards: bool = Fal
     return base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
+def _concrete(field: Any) -> Field[Any, Any]:
+    """A column of the listed model (sort keys are never reverse relations)."""
+    if not isinstance(field, Field):
+        raise ValueError(f"{field} is not a column")
+    return field
+
+
 def _reverse(ordering: Sequence[str]) -> tuple[str, ...]:
     return tuple(term[1:] if term.startswith("-") else f"-{term}" for term in ordering)
 
@@ -88,7 +95,8 @@ class KeysetPagination(CursorPagination):
     ordering = "-id"
     invalid_cursor_message = "Invalid cursor: use the next or previous link of an earlier page."
 
-    def paginate_queryset(
+    # Keyset pages need a queryset (DRF's signature also allows a list).
+    def paginate_queryset(  # type: ignore[override]
         self, queryset: QuerySet[Any], request: Request, view: Any = None
     ) -> list[Any] | None:
         self.request = request
@@ -138,7 +146,11 @@ class KeysetPagination(CursorPagination):
         values = []
         for term in self.sort:
             field = _field_and_direction(term)[0]
-            value = row.pk if field in ("id", "pk") else getattr(row, row._meta.get_field(field).attname)
+            value = (
+                row.pk
+                if field in ("id", "pk")
+                else getattr(row, _concrete(row._meta.get_field(field)).attname)
+            )
             values.append(value.isoformat() if hasattr(value, "isoformat") else value)
         return values
 
@@ -154,7 +166,7 @@ class KeysetPagination(CursorPagination):
             values = tuple(
                 model._meta.pk.to_python(v)
                 if (name := _field_and_direction(term)[0]) in ("id", "pk")
-                else model._meta.get_field(name).to_python(v)
+                else _concrete(model._meta.get_field(name)).to_python(v)
                 for term, v in zip(self.sort, key, strict=True)
             )
         except Exception:  # any malformed part (base64, JSON, a value of the wrong type) is the same 400
@@ -165,7 +177,7 @@ class KeysetPagination(CursorPagination):
 
     def _link(self, row: Model, backwards: bool) -> str:
         token = encode_cursor(self.sort, self.key_of(row), backwards)
-        return replace_query_param(self.base_url, self.cursor_query_param, token)
+        return replace_query_param(self.base_url or "", self.cursor_query_param, token)
 
     def get_next_link(self) -> str | None:  # type: ignore[override]
         if not self.has_next or not self.page:

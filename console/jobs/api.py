@@ -317,7 +317,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self) -> QuerySet[Job]:
         return Job.objects.select_related("owner")
 
-    def filter_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # Filters apply to the list only; a detail or an action finds any job by id.
         return super().filter_queryset(queryset) if self.action == "list" else queryset
 

@@ -208,7 +208,8 @@ class EventSerializer(serializers.Serializer):
     kind = serializers.CharField()
     severity = serializers.ChoiceField(choices=["info", "warning", "error"])
     message = serializers.CharField(allow_blank=True)
-    data = serializers.DictField()
+    # A field named like Serializer.data: the event's own data.
+    data = serializers.DictField()  # type: ignore[assignment]
     at = serializers.DateTimeField()
 
     def to_representation(self, instance: Event) -> dict[str, Any]:
