@@ -12,6 +12,8 @@ HTTP with one keep-alive connection, as a script or the CLI would.
    first page and ``requests`` calls for pages deep in the list (cursors at random positions up
    to the end: the key of the row there, as a ``next`` link would carry it). One repetition's
    p95 is over all of its calls; the figure is the median (and range) of ``reps`` repetitions.
+   The same requests against a console holding 1,000 jobs give the baseline: the ratio shows
+   what the list's size costs, apart from what a request costs on this (shared) machine.
 2. ``token_requests`` sequential GETs of ``/api/v1/nodes/`` with a bearer token (lookup, lockout
    check, scope check, last-use), against the same with a session cookie as the baseline.
 
@@ -39,8 +41,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 BENCH_DB = "trainyard_api_bench"
+SMALL_DB = "trainyard_api_bench_small"
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
+# The same requests against a console holding this many jobs: the baseline of the ratio.
+SMALL_JOBS = 1000
 STATES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "STARTING", "RESIZING", "RESTARTING"]
 STATE_WEIGHTS = [10, 5, 50, 15, 15, 2, 1, 2]
 OWNERS = ["ana", "bo", "cy", "dee", "eli"]
@@ -73,23 +77,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def fresh_database() -> None:
+def database_url(name: str) -> str:
+    return f"postgres://postgres@127.0.0.1:5432/{name}"
+
+
+def fresh_database(name: str) -> None:
     import psycopg
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {BENCH_DB}")
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
 
 
-def drop_database() -> None:
+def drop_database(name: str) -> None:
     import psycopg
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def setup_django(home: Path) -> None:
-    os.environ.update(DATABASE_URL=DATABASE_URL, TRAINYARD_HOME=str(home))
+def setup_django(home: Path, name: str) -> None:
+    os.environ.update(DATABASE_URL=database_url(name), TRAINYARD_HOME=str(home))
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
@@ -137,7 +145,7 @@ def seed(jobs: int) -> dict[str, Any]:
         created = Job.objects.bulk_create(batch)
         # bulk_create sets created_at to now; spread it over 100 days in submission order.
         for job in created:
-            job.created_at = start + timedelta(seconds=8640 * 100 * (job.pk % jobs) / jobs)
+            job.created_at = start + timedelta(seconds=86400 * 100 * (job.pk % jobs) / jobs)
         Job.objects.bulk_update(created, ["created_at"], batch_size=1000)
         live = [j for j in created if j.round_number]
         rounds = Round.objects.bulk_create(
@@ -210,27 +218,58 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+def seed_child(args: argparse.Namespace) -> None:
+    """``--seed-into DB``: migrate and fill one database, print what the measuring needs as JSON.
+    (A process per database: Django binds its settings to one.)"""
+    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-seed-"))
+    setup_django(home, args.seed_into)
+    seeded = seed(args.jobs)
+    rng = random.Random(7)
+    seeded["cursors"] = {
+        name: deep_cursors(params.get("sort", "-created_at"), params, args.requests, rng)
+        for name, params in scenarios(seeded["owner"]).items()
+    }
+    print("SEEDED " + json.dumps(seeded), flush=True)
+
+
+def serve(name: str, jobs: int, args: argparse.Namespace, home: Path) -> tuple[str, dict[str, Any]]:
+    """A fresh database of ``jobs`` jobs and Daphne serving it; returns its URL and seed data."""
     import requests
 
-    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-"))
-    fresh_database()
-    print(f"database {BENCH_DB}: migrating and seeding {args.jobs} jobs", flush=True)
-    setup_django(home)
-    seeded = seed(args.jobs)
+    fresh_database(name)
+    print(f"database {name}: migrating and seeding {jobs} jobs", flush=True)
+    seeding = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--seed-into",
+            name,
+            "--jobs",
+            str(jobs),
+            "--requests",
+            str(args.requests),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [ln for ln in seeding.stdout.splitlines() if ln.startswith("SEEDED ")]
+    if seeding.returncode != 0 or not lines:
+        raise SystemExit(f"seeding {name} failed:\n{seeding.stdout[-2000:]}\n{seeding.stderr[-3000:]}")
+    seeded: dict[str, Any] = json.loads(lines[0][len("SEEDED ") :])
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": DATABASE_URL, "TRAINYARD_HOME": str(home), "LOG_LEVEL": "WARNING"}
-    log = (home / "daphne.log").open("wb")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(name),
+        "TRAINYARD_HOME": str(home),
+        "LOG_LEVEL": "WARNING",
+    }
+    log = (home / f"daphne-{name}.log").open("wb")
+    daphne = str(Path(sys.executable).parent / "daphne")
     children.append(
         subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "daphne"),
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "console.asgi:application",
-            ],
+            [daphne, "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
             cwd=REPO,
             env=env,
             stdout=log,
@@ -239,25 +278,27 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     base = f"http://127.0.0.1:{port}"
-    api = requests.Session()
-    api.headers["Authorization"] = f"Bearer {seeded['token']}"
     deadline = time.monotonic() + 60
     while True:
         try:
-            if api.get(f"{base}/api/v1/nodes/", timeout=5).status_code == 200:
-                break
+            probe = requests.get(
+                f"{base}/api/v1/nodes/", headers={"Authorization": f"Bearer {seeded['token']}"}, timeout=5
+            )
+            if probe.status_code == 200:
+                return base, seeded
         except requests.ConnectionError:
             pass
         if time.monotonic() > deadline:
-            raise SystemExit("daphne did not start: " + (home / "daphne.log").read_text()[-2000:])
+            raise SystemExit("daphne did not start: " + (home / f"daphne-{name}.log").read_text()[-2000:])
         time.sleep(0.3)
 
-    rng = random.Random(7)
+
+def measure_list(base: str, seeded: dict[str, Any], args: argparse.Namespace, label: str) -> dict[str, Any]:
+    import requests
+
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {seeded['token']}"
     cases = scenarios(seeded["owner"])
-    cursors = {
-        name: deep_cursors(params.get("sort", "-created_at"), params, args.requests, rng)
-        for name, params in cases.items()
-    }
     per_scenario: dict[str, list[float]] = {name: [] for name in cases}
     list_p95: list[float] = []
     for rep in range(args.reps):
@@ -268,21 +309,22 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             times = []
             for i in range(args.requests):
                 times.append(get_ms(api, f"{base}/api/v1/jobs/", params))
-                deep = {**params, "cursor": cursors[name][i] or ""}
+                deep = {**params, "cursor": seeded["cursors"][name][i] or ""}
                 times.append(get_ms(api, f"{base}/api/v1/jobs/", deep))
             per_scenario[name].append(p95(times))
             rep_times += times
         list_p95.append(p95(rep_times))
-        print(f"  rep {rep + 1}: jobs list p95 {list_p95[-1]:.1f} ms", flush=True)
+        print(f"  {label} rep {rep + 1}: jobs list p95 {list_p95[-1]:.1f} ms", flush=True)
+    return {"per_scenario": per_scenario, "list": list_p95}
 
-    web = requests.Session()
-    login = web.post(
-        f"{base}/api/v1/auth/token/",
-        json={"username": "bench", "password": "bench-password-1", "name": "session-probe"},
-        timeout=30,
-    )
-    assert login.status_code == 201, login.text
+
+def measure_tokens(base: str, seeded: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+    import requests
+
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {seeded['token']}"
     # A session cookie for the baseline: sign in through the login form.
+    web = requests.Session()
     web.get(f"{base}/accounts/login/", timeout=30)
     web.post(
         f"{base}/accounts/login/",
@@ -306,7 +348,20 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             f"  rep {rep + 1}: token p95 {token_p95[-1]:.1f} ms, session p95 {session_p95[-1]:.1f} ms",
             flush=True,
         )
-    return {"per_scenario": per_scenario, "list": list_p95, "token": token_p95, "session": session_p95}
+    return {"token": token_p95, "session": session_p95}
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-"))
+    base, seeded = serve(BENCH_DB, args.jobs, args, home)
+    result = measure_list(base, seeded, args, f"{args.jobs} jobs")
+    result.update(measure_tokens(base, seeded, args))
+    stop_children()
+    drop_database(BENCH_DB)
+    base, seeded = serve(SMALL_DB, SMALL_JOBS, args, home)
+    result["small"] = measure_list(base, seeded, args, f"{SMALL_JOBS} jobs")
+    stop_children()
+    return result
 
 
 def summary(values: list[float]) -> str:
@@ -321,25 +376,29 @@ def main() -> None:
         "--requests", type=int, default=20, help="first-page and deep-page calls per scenario"
     )
     parser.add_argument("--token-requests", type=int, default=1000)
-    parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument("--seed-into", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.seed_into:
+        seed_child(args)
+        return
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     try:
         result = run_bench(args)
     finally:
         stop_children()
-        if not args.keep_database:
-            from django.db import connections
-
-            connections.close_all()
-            drop_database()
+        drop_database(BENCH_DB)
+        drop_database(SMALL_DB)
 
     print(f"\n/api/v1/jobs/ over {args.jobs} jobs: p95 per scenario, ms, median (range) of {args.reps} reps")
     print(f"{'scenario':<22} {'p95 ms':>7}")
     for name, values in result["per_scenario"].items():
         print(f"{name:<22} {summary(values)}")
     print(f"{'all (first + deep)':<22} {summary(result['list'])}   limit {LIMIT_MS:.0f} ms")
+    small = result["small"]["list"]
+    print(f"{'same, 1000 jobs':<22} {summary(small)}")
+    scale = statistics.median(b / s for b, s in zip(result["list"], small, strict=True))
+    print(f"{f'{args.jobs} / {SMALL_JOBS} jobs':<22} {scale:7.2f}")
     print(
         f"\n{args.token_requests} sequential GET /api/v1/nodes/, p95 ms, median (range) of {args.reps} reps"
     )
@@ -354,6 +413,8 @@ def main() -> None:
         "token_request_p95_ms_range": [round(min(result["token"]), 2), round(max(result["token"]), 2)],
         "session_request_p95_ms": round(statistics.median(result["session"]), 2),
         "token_over_session_p95": round(ratio, 3),
+        "jobs_list_p95_ms_1k_jobs": round(statistics.median(small), 2),
+        "jobs_list_100k_over_1k_p95": round(scale, 3),
         "jobs": args.jobs,
         "reps": args.reps,
     }
