@@ -301,7 +301,7 @@ def measure_list(base: str, seeded: dict[str, Any], args: argparse.Namespace, la
     cases = scenarios(seeded["owner"])
     per_scenario: dict[str, list[float]] = {name: [] for name in cases}
     list_p95: list[float] = []
-    for rep in range(args.reps):
+    for _ in range(args.reps):
         rep_times: list[float] = []
         for name, params in cases.items():
             warm = api.get(f"{base}/api/v1/jobs/", params=params, timeout=30)
@@ -314,7 +314,7 @@ def measure_list(base: str, seeded: dict[str, Any], args: argparse.Namespace, la
             per_scenario[name].append(p95(times))
             rep_times += times
         list_p95.append(p95(rep_times))
-        print(f"  {label} rep {rep + 1}: jobs list p95 {list_p95[-1]:.1f} ms", flush=True)
+        print(f"  {label}: jobs list p95 {list_p95[-1]:.1f} ms", flush=True)
     return {"per_scenario": per_scenario, "list": list_p95}
 
 
@@ -352,14 +352,21 @@ def measure_tokens(base: str, seeded: dict[str, Any], args: argparse.Namespace) 
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Both consoles run side by side and each repetition measures one then the other, so the
+    ratio compares them under the same load of this shared machine."""
     home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-"))
-    base, seeded = serve(BENCH_DB, args.jobs, args, home)
-    result = measure_list(base, seeded, args, f"{args.jobs} jobs")
-    result.update(measure_tokens(base, seeded, args))
-    stop_children()
-    drop_database(BENCH_DB)
-    base, seeded = serve(SMALL_DB, SMALL_JOBS, args, home)
-    result["small"] = measure_list(base, seeded, args, f"{SMALL_JOBS} jobs")
+    big, big_seed = serve(BENCH_DB, args.jobs, args, home)
+    small, small_seed = serve(SMALL_DB, SMALL_JOBS, args, home)
+    one_rep = argparse.Namespace(**{**vars(args), "reps": 1})
+    result: dict[str, Any] = {"per_scenario": {}, "list": [], "small": {"list": []}}
+    for rep in range(args.reps):
+        measured = measure_list(big, big_seed, one_rep, f"rep {rep + 1}, {args.jobs} jobs")
+        baseline = measure_list(small, small_seed, one_rep, f"rep {rep + 1}, {SMALL_JOBS} jobs")
+        for name, values in measured["per_scenario"].items():
+            result["per_scenario"].setdefault(name, []).extend(values)
+        result["list"] += measured["list"]
+        result["small"]["list"] += baseline["list"]
+    result.update(measure_tokens(big, big_seed, args))
     stop_children()
     return result
 
