@@ -213,3 +213,52 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 600},
     },
 }
+
+# --- API access: tokens, lockout, audit, pagination (issue 14) ------------------------------------
+# Kept in one block so that other changes to the settings above merge cleanly.
+
+INSTALLED_APPS += ["axes", "django_filters"]
+# Who made a change, from where and how: read by AuditEntry.record (console/core/audit.py).
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+    "console.core.audit.AuditContextMiddleware",
+)
+# django-axes turns a lockout into its response; it must come last.
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")
+AUTHENTICATION_BACKENDS = [
+    # Refuses a locked-out address or account before the password is even checked.
+    "axes.backends.AxesBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# Failed sign-ins (login form, admin, API login) and failed API tokens count against the address
+# and, where the account is known, the account; at LOGIN_FAILURE_LIMIT failures within
+# LOGIN_COOLOFF_MINUTES both are refused with 429 and Retry-After until the window passes.
+LOGIN_FAILURE_LIMIT = envint("TRAINYARD_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+LOGIN_COOLOFF_MINUTES = envint("TRAINYARD_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+# Hops of X-Forwarded-For to trust (0: the peer address is the client, as without a proxy).
+TRUSTED_PROXY_COUNT = envint("TRAINYARD_TRUSTED_PROXY_COUNT", 0, minimum=0)
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = LOGIN_COOLOFF_MINUTES / 60  # hours
+AXES_LOCKOUT_PARAMETERS = "console.api.lockout.lockout_parameters"
+AXES_CLIENT_IP_CALLABLE = "console.core.audit.client_address"
+AXES_LOCKOUT_CALLABLE = "console.api.lockout.lockout_response"
+AXES_RESET_ON_SUCCESS = False  # a success of one account must not clear the address's count
+AXES_VERBOSE = False
+
+REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "console.api.pagination.KeysetPagination"
+REST_FRAMEWORK["DEFAULT_FILTER_BACKENDS"] = ["django_filters.rest_framework.DjangoFilterBackend"]
+SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
+    "drf_spectacular.hooks.postprocess_schema_enums",
+    "console.api.schema.document_errors",
+]
+# (mypy typed SPECTACULAR_SETTINGS from its first, all-string values.)
+SPECTACULAR_SETTINGS["COMPONENT_SPLIT_REQUEST"] = True  # type: ignore[assignment]
+# Token last-used times are written at most this often (a write per request would cost more
+# than the request).
+TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
+    "JobStateEnum": "console.core.states.JobState",
+    "NodeStateEnum": "console.core.states.NodeState",
+    "AllocationStateEnum": "console.jobs.models.AllocationState",
+}

@@ -16,8 +16,9 @@ from console.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
-# Public on purpose: signing in and resetting a forgotten password.
-PUBLIC_PREFIXES = ("accounts/",)
+# Public on purpose: signing in (the form, and the API's password-for-token exchange) and
+# resetting a forgotten password.
+PUBLIC_PREFIXES = ("accounts/", "api/v1/auth/")
 # The admin has its own login and is covered by test_admin.py.
 OWN_LOGIN_PREFIXES = ("admin/",)
 

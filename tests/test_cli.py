@@ -81,6 +81,25 @@ def test_cli_round_trip(console_url: str, tmp_path: Path) -> None:
     assert missing.returncode == 1 and "404" in missing.stderr
 
 
+def test_login_again_replaces_the_token_and_logout_revokes_it(console_url: str, tmp_path: Path) -> None:
+    user = User.objects.create_user("cli-user", password="pw-cli-user-1")
+    assert run_cli(tmp_path, "login", "--url", console_url, "--username", "cli-user").returncode == 0
+    first = ApiToken.objects.get(user=user, revoked=False)
+
+    again = run_cli(tmp_path, "login", "--url", console_url, "--username", "cli-user")
+    assert again.returncode == 0, again.stderr
+    second = ApiToken.objects.get(user=user, revoked=False)
+    assert second.pk != first.pk and second.name == first.name
+    first.refresh_from_db()
+    assert first.revoked
+
+    out = run_cli(tmp_path, "logout")
+    assert out.returncode == 0, out.stderr
+    second.refresh_from_db()
+    assert second.revoked and not (tmp_path / "config.json").exists()
+    assert "trainyard login" in run_cli(tmp_path, "ls").stderr
+
+
 def test_cli_without_login_says_how_to_log_in(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "ls")
     assert result.returncode == 1

@@ -30,10 +30,12 @@ def test_events_oldest_first_after_a_seq_and_paginated(job: Job, api: APIClient)
     emit("other-job-or-cluster", "not this job")
 
     page = api.get(f"/api/v1/jobs/{job.pk}/events/", {"after": seqs[4]}).json()
-    assert page["count"] == 55
     assert [e["seq"] for e in page["results"]] == seqs[5:55]
     rest = api.get(page["next"]).json()
     assert [e["seq"] for e in rest["results"]] == seqs[55:]
+    assert rest["next"] is None
+    back = api.get(rest["previous"]).json()
+    assert [e["seq"] for e in back["results"]] == seqs[5:55]
     assert api.get(f"/api/v1/jobs/{job.pk}/events/", {"after": "-3"}).status_code == 400
 
 
@@ -69,7 +71,8 @@ def test_checkpoints_newest_first(job: Job, api: APIClient) -> None:
     for step in (100, 300, 200):
         Checkpoint.objects.create(job=job, round_number=2, step=step, path=f"/ck/{step}.pt", size_bytes=step)
     body = api.get(f"/api/v1/jobs/{job.pk}/checkpoints/").json()
-    assert [c["step"] for c in body["checkpoints"]] == [300, 200, 100]
+    assert [c["step"] for c in body["results"]] == [300, 200, 100]
+    assert body["results"][0]["path"] == "/ck/300.pt" and body["results"][0]["round"] == 2
     assert api.get(f"/api/v1/jobs/{job.pk + 5}/checkpoints/").status_code == 404
 
 

@@ -1,6 +1,7 @@
 """``trainyard``: the console from a terminal, over the REST API (no Django needed).
 
     trainyard login --url http://console:8000 --username olivia      # asks for the password
+    trainyard logout                                                  # revokes the token
     trainyard submit job.yaml [--set nproc_per_node=2] [--bundle ./src]
     trainyard ls [--state RUNNING]      trainyard show 12
     trainyard scale 12 3                trainyard restart 12       trainyard stop 12
@@ -35,6 +36,8 @@ import yaml
 CONFIG = Path(os.environ.get("TRAINYARD_CONFIG", Path.home() / ".config" / "trainyard" / "config.json"))
 TIMEOUT = 30
 FOLLOW_INTERVAL = 1.0
+# What the CLI's token may do (the user's role still decides what is allowed).
+CLI_SCOPES = ["read", "jobs:write", "nodes:write"]
 
 
 class CliError(Exception):
@@ -74,6 +77,21 @@ class Console:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def get_all(self, path: str, limit: int | None = None, **params: Any) -> list[Any]:
+        """Every result of a cursor-paginated list (up to ``limit``), following its next links."""
+        body = self.get(path, **params)
+        results: list[Any] = list(body["results"])
+        while body.get("next") and (limit is None or len(results) < limit):
+            try:
+                response = self.session.get(body["next"], timeout=TIMEOUT)
+            except requests.RequestException as exc:
+                raise CliError(f"Cannot reach the console at {self.url}: {exc}") from None
+            if response.status_code >= 400:
+                raise CliError(describe_error(response))
+            body = response.json()
+            results.extend(body["results"])
+        return results[:limit] if limit is not None else results
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
         return (
@@ -167,7 +185,7 @@ def cmd_login(args: argparse.Namespace) -> None:
         username = args.username or input("Username: ")
         password = os.environ.get("TRAINYARD_PASSWORD") or getpass.getpass("Password: ")
         token = token_from_password(url, username, password)
-    Console(url, token).get("jobs/", limit=1)  # proves the token works
+    Console(url, token).get("jobs/", page_size=1)  # proves the token works
     CONFIG.parent.mkdir(parents=True, exist_ok=True)
     CONFIG.write_text(json.dumps({"url": url, "token": token}))
     CONFIG.chmod(0o600)
@@ -175,32 +193,37 @@ def cmd_login(args: argparse.Namespace) -> None:
 
 
 def token_from_password(url: str, username: str, password: str) -> str:
-    """Sign in like the browser does, then mint a personal API token for this CLI."""
-    session = requests.Session()
+    """Exchange the password for this CLI's personal API token. The token is named after this
+    host and replaces the one an earlier login here made, so logins do not pile tokens up."""
     try:
-        session.get(f"{url}/accounts/login/", timeout=TIMEOUT)
-        csrf = session.cookies.get("csrftoken", "")
-        response = session.post(
-            f"{url}/accounts/login/",
-            data={"username": username, "password": password, "csrfmiddlewaretoken": csrf},
-            headers={"Referer": f"{url}/accounts/login/"},
+        response = requests.post(
+            f"{url}/api/v1/auth/token/",
+            json={
+                "username": username,
+                "password": password,
+                "name": f"cli-{os.uname().nodename}"[:64],
+                "scopes": CLI_SCOPES,
+                "replace": True,
+            },
             timeout=TIMEOUT,
-            allow_redirects=False,
         )
     except requests.RequestException as exc:
         raise CliError(f"Cannot reach the console at {url}: {exc}") from None
-    if response.status_code != 302 or "sessionid" not in session.cookies:
+    if response.status_code == 401:
         raise CliError("Login failed: wrong username or password.")
-    created = session.post(
-        f"{url}/api/v1/tokens/",
-        json={"name": f"cli-{os.uname().nodename}"[:64]},
-        headers={"X-CSRFToken": session.cookies.get("csrftoken", ""), "Referer": f"{url}/"},
-        timeout=TIMEOUT,
-    )
-    if created.status_code != 201:
-        raise CliError(describe_error(created))
-    token: str = created.json()["token"]
+    if response.status_code != 201:
+        raise CliError(describe_error(response))
+    token: str = response.json()["token"]
     return token
+
+
+def cmd_logout(args: argparse.Namespace) -> None:
+    """Revoke this CLI's token on the console and forget it here."""
+    console = Console.from_config()
+    console.call("DELETE", "tokens/current/")
+    if CONFIG.exists():
+        CONFIG.unlink()
+    print(f"Logged out of {console.url}; the token is revoked.")
 
 
 def load_spec(path: str, overrides: Sequence[str]) -> dict[str, Any]:
@@ -253,8 +276,10 @@ def cmd_submit(args: argparse.Namespace) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> None:
-    body = Console.from_config().get("jobs/", state=args.state, limit=args.limit)
-    print(table(job_rows(body["results"]), JOB_HEADER))
+    jobs = Console.from_config().get_all(
+        "jobs/", limit=args.limit, state=args.state, page_size=min(args.limit, 500)
+    )
+    print(table(job_rows(jobs), JOB_HEADER))
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -348,16 +373,16 @@ def cmd_metrics(args: argparse.Namespace) -> None:
 
 
 def cmd_nodes(args: argparse.Namespace) -> None:
-    body = Console.from_config().get("nodes/")
-    print(table(node_rows(body["results"]), NODE_HEADER))
+    nodes = Console.from_config().get_all("nodes/", page_size=500)
+    print(table(node_rows(nodes), NODE_HEADER))
 
 
 def cmd_top(args: argparse.Namespace) -> None:
     console = Console.from_config()
 
     def fetch() -> bool:
-        jobs = console.get("jobs/", limit=20)["results"]
-        nodes = console.get("nodes/")["results"]
+        jobs = console.get("jobs/", page_size=20)["results"]
+        nodes = console.get_all("nodes/", page_size=500)
         if sys.stdout.isatty():
             print("\x1b[2J\x1b[H", end="")
         print(f"trainyard top — {console.url} — {time.strftime('%H:%M:%S')}\n")
@@ -378,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="an API token (else sign in with username and password)")
     p.add_argument("--username")
     p.set_defaults(func=cmd_login)
+
+    p = sub.add_parser("logout", help="revoke this CLI's API token and forget it")
+    p.set_defaults(func=cmd_logout)
 
     p = sub.add_parser("submit", help="submit a job from a YAML/JSON spec file ('-' for stdin)")
     p.add_argument("spec")

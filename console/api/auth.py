@@ -1,14 +1,35 @@
-"""Bearer-token authentication for the REST API (``Authorization: Bearer ty_...``)."""
+"""Authentication of API callers: personal bearer tokens (``Authorization: Bearer ty_...``) with
+their scopes, and the web console's session.
+
+A token is refused when unknown, revoked or expired (401), when the request needs a scope the
+token lacks (403), and while its address or account is locked out after repeated failures (429).
+Every refusal of a presented token counts as a failed attempt (console/api/lockout.py).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from console.api.models import ApiToken, hash_token
+from console.api import lockout
+from console.api.models import PREFIX_LENGTH, ApiToken, Scope, hash_token
+from console.core.audit import AuthMethod, client_address, mark_auth
+from console.core.models import AuditEntry
+
+
+def required_scope(request: Request, view: Any) -> str | None:
+    """The scope a token needs for this request; None when any valid token will do.
+
+    Views declare ``write_scope`` (for unsafe methods) or ``required_scope_for(request)``; reads
+    need ``read``; an unsafe method on a view that declares nothing needs ``admin``, so a new
+    endpoint is closed to narrow tokens until it says otherwise."""
+    if view is not None and hasattr(view, "required_scope_for"):
+        return view.required_scope_for(request)  # type: ignore[no-any-return]
+    if request.method in permissions.SAFE_METHODS:
+        return Scope.READ
+    return getattr(view, "write_scope", Scope.ADMIN)
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -21,13 +42,54 @@ class TokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
         raw = header[1].decode(errors="replace")
-        token = (
-            ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw), revoked=False).first()
+        token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw)).first()
+        owner = token.user.get_username() if token is not None else self._owner_by_prefix(raw)
+        lockout.check_token_lockout(request, owner)
+        if token is None or not token.usable or not token.user.is_active:
+            self._refuse(request, token, owner, raw)
+        assert token is not None
+        mark_auth(request._request, AuthMethod.TOKEN, token.prefix)
+        needed = required_scope(
+            request, request.parser_context.get("view") if request.parser_context else None
         )
-        if token is None or not token.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        if needed is not None and not token.allows(needed):
+            raise exceptions.PermissionDenied(f"This token lacks the '{needed}' scope.")
+        token.note_use(client_address(request._request))
         return token.user, token
+
+    @staticmethod
+    def _owner_by_prefix(raw: str) -> str | None:
+        """A wrong token that starts like one of an account's tokens counts against that account."""
+        if len(raw) <= PREFIX_LENGTH:
+            return None
+        match = ApiToken.objects.filter(prefix=raw[:PREFIX_LENGTH]).select_related("user").first()
+        return match.user.get_username() if match is not None else None
+
+    @staticmethod
+    def _refuse(request: Request, token: ApiToken | None, owner: str | None, raw: str) -> None:
+        if token is None:
+            reason = "unknown"
+        elif token.revoked:
+            reason = "revoked"
+        elif token.expired:
+            reason = "expired"
+        else:
+            reason = "inactive user"
+        mark_auth(request._request, AuthMethod.TOKEN, token.prefix if token else raw[:PREFIX_LENGTH])
+        AuditEntry.record_raw(
+            token.user if token is not None else None,
+            "auth.token_failed",
+            target_type="apitoken",
+            target_id=str(token.pk) if token is not None else "",
+            actor_name=owner or "",
+            reason=reason,
+        )
+        lockout.token_failed(request, owner)
+        messages = {
+            "revoked": "This API token was revoked.",
+            "expired": "This API token has expired.",
+        }
+        raise exceptions.AuthenticationFailed(messages.get(reason, "Invalid API token."))
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

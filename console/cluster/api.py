@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.api.models import Scope
 from console.cluster import actions
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
@@ -57,6 +58,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsOperatorOrReadOnly]
+    write_scope = Scope.NODES_WRITE
     serializer_class = NodeSerializer
     queryset = Node.objects.prefetch_related("gpus").order_by("name")
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.errors import Conflict
+from console.api.models import Scope
 from console.core.roles import is_operator
 from console.jobs import actions
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
+from console.jobs.queries import JobFilter, attach_current_rounds, job_ordering
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the launcher owns: a job may not override the rendezvous or rank contract.
@@ -255,21 +257,12 @@ class JobSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @property
-    def _round_cache(self) -> dict[int, Round | None]:
-        if not hasattr(self, "_rounds"):
-            self._rounds: dict[int, Round | None] = {}
-        return self._rounds
-
     def _current(self, job: Job) -> Round | None:
-        cache: dict[int, Round | None] = self._round_cache
-        if job.pk not in cache:
-            cache[job.pk] = (
-                job.rounds.filter(number=job.round_number).prefetch_related("allocations__node").first()
-                if job.round_number
-                else None
-            )
-        return cache[job.pk]
+        """The current round, as attach_current_rounds loaded it for a page (one query per job
+        otherwise: a single job's detail)."""
+        if not hasattr(job, "current_round_cached"):
+            attach_current_rounds([job])
+        return job.current_round_cached  # type: ignore[attr-defined,no-any-return]
 
     def get_world_size(self, job: Job) -> int:
         rnd = self._current(job)
@@ -289,6 +282,7 @@ class JobDetailSerializer(JobSerializer):
         fields = [*JobSerializer.Meta.fields, "rounds"]
         read_only_fields = fields
 
+    @extend_schema_field(RoundSerializer(many=True))
     def get_rounds(self, job: Job) -> list[dict[str, Any]]:
         recent = job.rounds.order_by("-number").prefetch_related("allocations__node")[:20]
         return list(RoundSerializer(recent, many=True).data)
@@ -310,18 +304,52 @@ def _control(call: Any, *args: Any) -> Job:
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Jobs: the list (filters and sort orders of console/jobs/queries.py, cursor-paginated),
+    submit, one job with its recent rounds, resize, restart, stop, and all of a job's rounds."""
+
     permission_classes = [IsOperatorOrReadOnly]
     serializer_class = JobSerializer
+    filterset_class = JobFilter
+    write_scope = Scope.JOBS_WRITE
 
     def get_queryset(self) -> QuerySet[Job]:
-        qs = Job.objects.select_related("owner").order_by("-created_at")
-        state = self.request.query_params.get("state")
-        if state:
-            qs = qs.filter(state__in=[s.strip().upper() for s in state.split(",")])
-        return qs
+        return Job.objects.select_related("owner")
+
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        # Filters apply to the list only; a detail or an action finds any job by id.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
+
+    def get_cursor_ordering(self, request: Request) -> tuple[str, ...]:
+        if self.action == "rounds":
+            return ("-number", "-id")
+        return job_ordering(request.query_params)
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        assert page is not None
+        attach_current_rounds(page)  # no query per job (tests/test_api_job_list.py counts them)
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH)],
+        responses={200: RoundSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"], filterset_class=None)
+    def rounds(self, request: Request, pk: str) -> Response:
+        """Every round of the job, newest first, with its allocations."""
+        job_id = self._id(pk)
+        if not Job.objects.filter(pk=job_id).exists():
+            raise Http404("No such job.")
+        allocations = Allocation.objects.select_related("node").order_by("node_rank")
+        rounds = Round.objects.filter(job_id=job_id).prefetch_related(
+            Prefetch("allocations", queryset=allocations)
+        )
+        page = self.paginate_queryset(rounds)
+        assert page is not None
+        return self.get_paginated_response(RoundSerializer(page, many=True).data)
 
     @extend_schema(request=JobSpecSerializer, responses={201: JobDetailSerializer})
     def create(self, request: Request) -> Response:

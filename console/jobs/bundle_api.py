@@ -20,7 +20,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.auth import TokenAuthentication
+from console.api.models import Scope
 from console.cluster.tokens import node_token_ok
+from console.core.audit import AuthMethod, mark_auth
+from console.core.models import AuditEntry
 from console.core.roles import is_operator
 from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Bundle
@@ -51,6 +54,7 @@ class BundleListCreate(ListAPIView[Bundle]):
     serializer_class = BundleSerializer
     permission_classes = [IsOperatorForUpload]
     parser_classes = [MultiPartParser, FormParser]
+    write_scope = Scope.JOBS_WRITE
 
     @extend_schema(
         request={
@@ -76,6 +80,14 @@ class BundleListCreate(ListAPIView[Bundle]):
             bundle = store_bundle(uploaded, request.user)
         except BundleError as error:
             return _refused(str(error))
+        AuditEntry.record(
+            request.user,
+            "bundle.upload",
+            bundle,
+            sha256=bundle.sha256,
+            size_bytes=bundle.size_bytes,
+            filename=bundle.filename,
+        )
         return Response(BundleSerializer(bundle).data, status=status.HTTP_201_CREATED)
 
 
@@ -106,6 +118,7 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2 or header[0].lower() != b"bearer":
             return None
         if node_token_ok(header[1]):
+            mark_auth(request._request, AuthMethod.NODE)
             return NodeAgent(), None
         return None
 

@@ -90,6 +90,17 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The jobs list's filters and sort orders (console/jobs/queries.py), each a keyset the
+        # cursor pagination can seek into: every page costs the same, however deep.
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="job_by_created"),
+            models.Index(fields=["state", "created_at", "id"], name="job_by_state_created"),
+            models.Index(fields=["owner", "created_at", "id"], name="job_by_owner_created"),
+            models.Index(fields=["name", "id"], name="job_by_name"),
+            # LIKE 'prefix%' can use a btree only with the pattern operator class (PostgreSQL).
+            models.Index(fields=["name"], name="job_name_prefix", opclasses=["varchar_pattern_ops"]),
+            models.Index(fields=["priority", "created_at", "id"], name="job_by_priority"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(min_nodes__gte=1), name="job_min_nodes_positive"),
             models.CheckConstraint(condition=Q(min_nodes__lte=F("max_nodes")), name="job_min_le_max_nodes"),

@@ -6,9 +6,11 @@ import statistics
 from typing import Any
 
 from django.db import connection
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -66,12 +68,31 @@ class MetricsQuery(serializers.Serializer):
         return attrs
 
 
+class BucketSerializer(serializers.Serializer):
+    step = serializers.IntegerField(help_text="First step in the bucket")
+    last_step = serializers.IntegerField()
+    min = serializers.FloatField(allow_null=True, help_text="null when not finite")
+    max = serializers.FloatField(allow_null=True)
+    mean = serializers.FloatField(allow_null=True)
+    count = serializers.IntegerField()
+
+
+class MetricsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    points = serializers.IntegerField(help_text="At most this many buckets per series")
+    series = serializers.DictField(child=BucketSerializer(many=True), help_text="Buckets by series name")
+
+
+JOB_ID = OpenApiParameter("job_id", int, OpenApiParameter.PATH, description="The job's id")
+
+
 class MetricsView(APIView):
     """Series downsampled to at most ``points`` buckets each: {"series": {name: [bucket, ...]}}.
 
     Steps are the x axis: ``from``/``to`` bound steps; a bucket carries its first and last step and
     the min, max, mean and count of the values in it (raw and rolled-up points alike)."""
 
+    @extend_schema(parameters=[JOB_ID, MetricsQuery], responses={200: MetricsSerializer})
     def get(self, request: Request, job_id: int) -> Response:
         job = get_job(job_id)
         params = validated(MetricsQuery, request)
@@ -101,10 +122,25 @@ class RanksQuery(serializers.Serializer):
     round = serializers.IntegerField(required=False, min_value=1)
 
 
+class RankTimingSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    step_time = serializers.FloatField(allow_null=True, help_text="Median seconds per step")
+    throughput = serializers.FloatField(allow_null=True, help_text="Median samples per second")
+    last_step = serializers.IntegerField()
+    straggler = serializers.BooleanField()
+
+
+class RanksSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    round = serializers.IntegerField()
+    ranks = RankTimingSerializer(many=True)
+
+
 class RanksView(APIView):
     """Per-rank step time and throughput over each rank's latest points, with stragglers marked
     (step time above 1.5x the other ranks' median, as the ingest detector uses)."""
 
+    @extend_schema(parameters=[JOB_ID, RanksQuery], responses={200: RanksSerializer})
     def get(self, request: Request, job_id: int) -> Response:
         job = get_job(job_id)
         params = validated(RanksQuery, request)
@@ -162,16 +198,40 @@ class EventsQuery(serializers.Serializer):
     after = serializers.IntegerField(required=False, min_value=0, default=0)
 
 
-class EventsView(APIView):
-    """A job's events oldest first; ``after`` is the last seq the caller has (paginated)."""
+class EventSerializer(serializers.Serializer):
+    """An event as console/telemetry/events.py publishes it (the websocket sends the same)."""
 
-    def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
-        params = validated(EventsQuery, request)
-        events = Event.objects.filter(job=job, pk__gt=params["after"]).select_related("node").order_by("pk")
-        paginator = LimitOffsetPagination()
-        page = paginator.paginate_queryset(events, request, view=self) or []
-        return paginator.get_paginated_response([event_payload(e) for e in page])
+    seq = serializers.IntegerField()
+    job = serializers.IntegerField(allow_null=True)
+    node = serializers.CharField(allow_null=True)
+    round = serializers.IntegerField(allow_null=True)
+    kind = serializers.CharField()
+    severity = serializers.ChoiceField(choices=["info", "warning", "error"])
+    message = serializers.CharField(allow_blank=True)
+    # A field named like Serializer.data: the event's own data.
+    data = serializers.DictField()  # type: ignore[assignment]
+    at = serializers.DateTimeField()
+
+    def to_representation(self, instance: Event) -> dict[str, Any]:
+        return event_payload(instance)
+
+
+class EventsView(ListAPIView[Event]):
+    """A job's events oldest first; ``after`` is the last seq the caller has (cursor-paginated)."""
+
+    serializer_class = EventSerializer
+    cursor_ordering = ("id",)
+
+    @extend_schema(parameters=[JOB_ID, EventsQuery])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[Event]:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Event.objects.none()
+        job = get_job(self.kwargs["job_id"])
+        params = validated(EventsQuery, self.request)
+        return Event.objects.filter(job=job, pk__gt=params["after"]).select_related("node")
 
 
 class LogsQuery(serializers.Serializer):
@@ -186,7 +246,23 @@ class LogsQuery(serializers.Serializer):
     stream = serializers.ChoiceField(required=False, choices=["stdout", "stderr"])
 
 
-def log_payload(line: LogLine) -> dict[str, Any]:
+class LogLineSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="Increasing; give the last one as 'after' to follow")
+    round = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    stream = serializers.ChoiceField(choices=["stdout", "stderr"])
+    seq = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    time = serializers.DateTimeField()
+
+
+class LogsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    lines = LogLineSerializer(many=True)
+    last_id = serializers.IntegerField(allow_null=True, help_text="The cursor for the next call's 'after'")
+
+
+def log_line_json(line: LogLine) -> dict[str, Any]:
     return {
         "id": line.pk,
         "round": line.round_number,
@@ -198,26 +274,34 @@ def log_payload(line: LogLine) -> dict[str, Any]:
     }
 
 
+def log_lines(job: Job, params: dict[str, Any]) -> QuerySet[LogLine]:
+    """A job's lines with the ``rank``, ``stream``, ``round``, ``before`` and ``q`` filters of
+    LogsQuery applied."""
+    lines = LogLine.objects.filter(job=job)
+    if "rank" in params:
+        lines = lines.filter(rank=params["rank"])
+    if "stream" in params:
+        lines = lines.filter(stream=params["stream"])
+    if "round" in params:
+        lines = lines.filter(round_number=params["round"])
+    if "before" in params:
+        lines = lines.filter(pk__lt=params["before"])
+    if params.get("q"):
+        lines = lines.filter(text__icontains=params["q"])
+    return lines
+
+
 class LogsView(APIView):
     """Without ``after``: the newest ``limit`` lines (a tail), or with ``before`` the newest
     ``limit`` lines older than that id (paging back through history). With ``after``: the
     ``limit`` lines after that id (follow). ``q`` searches case-insensitively; ``rank``,
     ``round`` and ``stream`` filter."""
 
+    @extend_schema(parameters=[JOB_ID, LogsQuery], responses={200: LogsSerializer})
     def get(self, request: Request, job_id: int) -> Response:
         job = get_job(job_id)
         params = validated(LogsQuery, request)
-        lines = LogLine.objects.filter(job=job)
-        if "rank" in params:
-            lines = lines.filter(rank=params["rank"])
-        if "stream" in params:
-            lines = lines.filter(stream=params["stream"])
-        if "round" in params:
-            lines = lines.filter(round_number=params["round"])
-        if "before" in params:
-            lines = lines.filter(pk__lt=params["before"])
-        if params.get("q"):
-            lines = lines.filter(text__icontains=params["q"])
+        lines = log_lines(job, params)
         limit = params["limit"]
         if "after" in params:
             rows = list(lines.filter(pk__gt=params["after"]).order_by("pk")[:limit])
@@ -226,30 +310,32 @@ class LogsView(APIView):
         return Response(
             {
                 "job": job.pk,
-                "lines": [log_payload(ln) for ln in rows],
+                "lines": [log_line_json(ln) for ln in rows],
                 "last_id": rows[-1].pk if rows else params.get("after"),
             }
         )
 
 
-class CheckpointsView(APIView):
-    def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
-        checkpoints = Checkpoint.objects.filter(job=job).order_by("-step", "-pk")
-        return Response(
-            {
-                "job": job.pk,
-                "checkpoints": [
-                    {
-                        "id": c.pk,
-                        "round": c.round_number,
-                        "step": c.step,
-                        "path": c.path,
-                        "size_bytes": c.size_bytes,
-                        "blocking_ms": c.blocking_ms,
-                        "created_at": c.created_at.isoformat(),
-                    }
-                    for c in checkpoints
-                ],
-            }
-        )
+class CheckpointSerializer(serializers.ModelSerializer):
+    round = serializers.IntegerField(source="round_number")
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "round", "step", "path", "size_bytes", "blocking_ms", "created_at"]
+        read_only_fields = fields
+
+
+class CheckpointsView(ListAPIView[Checkpoint]):
+    """A job's checkpoints, newest step first (cursor-paginated)."""
+
+    serializer_class = CheckpointSerializer
+    cursor_ordering = ("-step", "-id")
+
+    @extend_schema(parameters=[JOB_ID])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[Checkpoint]:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Checkpoint.objects.none()
+        return Checkpoint.objects.filter(job=get_job(self.kwargs["job_id"]))

@@ -1,18 +1,29 @@
-"""``/metrics``: Prometheus text exposition (format 0.0.4), written by hand.
+"""``/metrics``: the console's state for Prometheus, exposed through prometheus-client.
 
-Signed-in session or ``Authorization: Bearer <API token>``; anonymous callers get 401/403."""
+A custom collector reads the database and the telemetry stream at scrape time (no state is kept
+between scrapes), and prometheus-client writes the exposition: the text format or OpenMetrics,
+whichever the scraper's Accept header prefers. The metric names and labels are listed in the
+README ("Prometheus metrics"). Signed-in session or ``Authorization: Bearer <API token>`` with the
+``read`` scope; anonymous callers get 401/403.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.db.models import Count
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
-from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.cluster.models import Gpu, Node
@@ -21,48 +32,12 @@ from console.jobs.models import Job
 from console.telemetry.ingest.stats import STATS_KEY
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
-# An ingest consumer that has not reported for this long no longer counts towards the rate.
+# An ingest consumer that has not reported for this long no longer counts as live.
 STALE_CONSUMER_SECONDS = 30.0
 
 
-class PrometheusRenderer(BaseRenderer):
-    media_type = "text/plain"
-    format = "prometheus"
-    charset = "utf-8"
-
-    def render(
-        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
-    ) -> bytes:
-        if isinstance(data, str):
-            return data.encode()
-        # Errors (401/403) arrive as dicts from the exception handler.
-        detail = data.get("detail", "") if isinstance(data, dict) else data
-        return f"# {detail}\n".encode()
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-class Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def metric(
-        self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            rendered = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            self.lines.append(f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 def ingest_figures(client: Any) -> dict[str, float]:
-    """Pending entries, age of the oldest pending one, undelivered entries, totals and rate."""
+    """Pending entries, age of the oldest pending one, undelivered entries and totals."""
     figures: dict[str, float] = {}
     try:
         summary = client.xpending(TELEMETRY_STREAM, TELEMETRY_GROUP)
@@ -83,105 +58,151 @@ def ingest_figures(client: Any) -> dict[str, float]:
     figures["points_total"] = float(stats.get("points_total", 0))
     figures["records_total"] = float(stats.get("records_total", 0))
     now = time.time()
-    figures["rate"] = sum(
-        float(stats[key])
-        for key in stats
-        if key.startswith("rate:") and now - float(stats.get("seen:" + key[5:], 0)) < STALE_CONSUMER_SECONDS
+    figures["consumers"] = float(
+        sum(
+            1
+            for key in stats
+            if key.startswith("seen:") and now - float(stats[key] or 0) < STALE_CONSUMER_SECONDS
+        )
     )
     return figures
 
 
-def exposition() -> str:
-    out = Exposition()
-    jobs = dict(Job.objects.values_list("state").annotate(n=Count("pk")).order_by())
-    out.metric(
-        "trainyard_jobs",
-        "gauge",
-        "Jobs by state.",
-        [({"state": s}, float(jobs.get(s, 0))) for s in JobState.values],
-    )
-    nodes = dict(Node.objects.values_list("state").annotate(n=Count("pk")).order_by())
-    out.metric(
-        "trainyard_nodes",
-        "gauge",
-        "Nodes by state.",
-        [({"state": s}, float(nodes.get(s, 0))) for s in NodeState.values],
-    )
-    gpus = Gpu.objects.select_related("node").order_by("node__name", "index")
-    out.metric(
-        "trainyard_gpu_utilization_ratio",
-        "gauge",
-        "GPU utilisation (0-1) from the latest heartbeat.",
-        [
-            (
-                {"node": g.node.name, "gpu": str(g.index)},
-                g.utilization / 100 if g.utilization > 1 else g.utilization,
-            )
-            for g in gpus
-        ],
-    )
-    out.metric(
-        "trainyard_node_cpu_percent",
-        "gauge",
-        "Host CPU use from the latest heartbeat.",
-        [({"node": n.name}, n.cpu_percent) for n in Node.objects.order_by("name")],
-    )
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        figures = ingest_figures(client)
-    except (redis.ConnectionError, redis.TimeoutError):
-        figures = {}
-    finally:
-        client.close()
-    out.metric(
-        "trainyard_ingest_up",
-        "gauge",
-        "1 when the telemetry stream was readable.",
-        [({}, 1.0 if figures else 0.0)],
-    )
-    if figures:
-        out.metric(
-            "trainyard_ingest_pending_entries",
-            "gauge",
-            "Stream entries read but not yet acked.",
-            [({}, figures["pending"])],
+class ConsoleCollector:
+    """Collects at scrape time: jobs and nodes by state, host and GPU gauges, ingest health."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.jobs_and_nodes()
+        yield from self.hosts()
+        yield from self.ingest()
+
+    def jobs_and_nodes(self) -> Iterator[Metric]:
+        jobs = dict(Job.objects.values_list("state").annotate(n=Count("pk")).order_by())
+        family = GaugeMetricFamily("trainyard_jobs", "Jobs by state.", labels=["state"])
+        for state in JobState.values:
+            family.add_metric([state], float(jobs.get(state, 0)))
+        yield family
+        nodes = dict(Node.objects.values_list("state").annotate(n=Count("pk")).order_by())
+        family = GaugeMetricFamily("trainyard_nodes", "Nodes by state.", labels=["state"])
+        for state in NodeState.values:
+            family.add_metric([state], float(nodes.get(state, 0)))
+        yield family
+
+    def hosts(self) -> Iterator[Metric]:
+        cpu = GaugeMetricFamily(
+            "trainyard_node_cpu_utilization_ratio", "Host CPU use (0-1), latest heartbeat.", labels=["node"]
         )
-        out.metric(
-            "trainyard_ingest_oldest_pending_seconds",
-            "gauge",
+        memory = GaugeMetricFamily(
+            "trainyard_node_memory_utilization_ratio",
+            "Host memory use (0-1), latest heartbeat.",
+            labels=["node"],
+        )
+        memory_total = GaugeMetricFamily("trainyard_node_memory_bytes", "Host memory.", labels=["node"])
+        heartbeat = GaugeMetricFamily(
+            "trainyard_node_last_heartbeat_timestamp_seconds",
+            "Unix time of the node's latest heartbeat.",
+            labels=["node"],
+        )
+        for node in Node.objects.order_by("name"):
+            cpu.add_metric([node.name], node.cpu_percent / 100)
+            memory.add_metric([node.name], node.memory_percent / 100)
+            memory_total.add_metric([node.name], float(node.memory_bytes))
+            if node.last_heartbeat is not None:
+                heartbeat.add_metric([node.name], node.last_heartbeat.timestamp())
+        yield from (cpu, memory, memory_total, heartbeat)
+        utilization = GaugeMetricFamily(
+            "trainyard_gpu_utilization_ratio",
+            "GPU utilisation (0-1), latest heartbeat.",
+            labels=["node", "gpu"],
+        )
+        used = GaugeMetricFamily(
+            "trainyard_gpu_memory_used_bytes", "GPU memory in use, latest heartbeat.", labels=["node", "gpu"]
+        )
+        total = GaugeMetricFamily("trainyard_gpu_memory_bytes", "GPU memory.", labels=["node", "gpu"])
+        for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
+            labels = [gpu.node.name, str(gpu.index)]
+            # Agents report NVML's percent; older ones sent a ratio.
+            utilization.add_metric(labels, gpu.utilization / 100 if gpu.utilization > 1 else gpu.utilization)
+            used.add_metric(labels, float(gpu.memory_used_bytes))
+            total.add_metric(labels, float(gpu.memory_bytes))
+        yield from (utilization, used, total)
+
+    def ingest(self) -> Iterator[Metric]:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            figures = ingest_figures(client)
+        except (redis.ConnectionError, redis.TimeoutError):
+            figures = {}
+        finally:
+            client.close()
+        yield GaugeMetricFamily(
+            "trainyard_ingest_up", "1 when the telemetry stream was readable.", value=1.0 if figures else 0.0
+        )
+        if not figures:
+            return
+        yield GaugeMetricFamily(
+            "trainyard_ingest_pending_entries",
+            "Stream entries read but not yet acked.",
+            value=figures["pending"],
+        )
+        yield GaugeMetricFamily(
+            "trainyard_ingest_oldest_pending_age_seconds",
             "Age of the oldest read-but-unacked stream entry.",
-            [({}, round(figures["oldest_pending_age"], 3))],
+            value=round(figures["oldest_pending_age"], 3),
         )
         if "lag" in figures:
-            out.metric(
-                "trainyard_ingest_lag_entries",
-                "gauge",
-                "Stream entries not yet read by ingest.",
-                [({}, figures["lag"])],
+            yield GaugeMetricFamily(
+                "trainyard_ingest_lag_entries", "Stream entries not yet read by ingest.", value=figures["lag"]
             )
-        out.metric(
-            "trainyard_ingest_points_total",
-            "counter",
-            "Metric points ingested.",
-            [({}, figures["points_total"])],
+        yield GaugeMetricFamily(
+            "trainyard_ingest_consumers",
+            "Ingest consumers that reported in the last 30 s.",
+            value=figures["consumers"],
         )
-        out.metric(
-            "trainyard_ingest_records_total",
-            "counter",
-            "Telemetry records ingested.",
-            [({}, figures["records_total"])],
+        yield CounterMetricFamily(
+            "trainyard_ingest_points", "Metric points ingested.", value=figures["points_total"]
         )
-        out.metric(
-            "trainyard_ingest_points_per_second",
-            "gauge",
-            "Ingest rate over the last second, summed over live consumers.",
-            [({}, figures["rate"])],
+        yield CounterMetricFamily(
+            "trainyard_ingest_records", "Telemetry records ingested.", value=figures["records_total"]
         )
-    return out.text()
 
 
+def registry() -> CollectorRegistry:
+    """A registry of its own (not the process-global one), holding only the console's collector."""
+    own = CollectorRegistry(auto_describe=False)
+    own.register(ConsoleCollector())  # type: ignore[arg-type]
+    return own
+
+
+class PassThroughRenderer(BaseRenderer):
+    """Errors (401/403/429) as a comment line; the exposition itself is an HttpResponse."""
+
+    media_type = "text/plain"
+    format = "prometheus"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        detail = data.get("detail", "") if isinstance(data, dict) else data
+        return f"# {detail}\n".encode()
+
+
+class AnyAccept(BaseContentNegotiation):
+    """Scrapers ask for OpenMetrics or text; prometheus-client picks, so DRF must not refuse."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+@extend_schema(exclude=True)  # not part of the JSON API; the README lists the metrics
 class PrometheusView(APIView):
-    renderer_classes = [PrometheusRenderer]
+    renderer_classes = [PassThroughRenderer]
+    content_negotiation_class = AnyAccept
 
-    def get(self, request: Request) -> Response:
-        return Response(exposition(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    def get(self, request: Request) -> HttpResponse:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return HttpResponse(encoder(registry()), content_type=content_type)

@@ -1,11 +1,13 @@
 from django.urls import URLPattern, path
 
 from console.telemetry import api
+from console.telemetry.log_stream import LogStreamView
 
 urlpatterns: list[URLPattern] = [
     path("jobs/<int:job_id>/metrics/", api.MetricsView.as_view(), name="job-metrics"),
     path("jobs/<int:job_id>/metrics/ranks/", api.RanksView.as_view(), name="job-metrics-ranks"),
     path("jobs/<int:job_id>/events/", api.EventsView.as_view(), name="job-events"),
     path("jobs/<int:job_id>/logs/", api.LogsView.as_view(), name="job-logs"),
+    path("jobs/<int:job_id>/logs/stream/", LogStreamView.as_view(), name="job-logs-stream"),
     path("jobs/<int:job_id>/checkpoints/", api.CheckpointsView.as_view(), name="job-checkpoints"),
 ]

@@ -17,7 +17,7 @@ from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
-from console.telemetry.api import log_payload
+from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
 from console.web.job_page import page_config
@@ -208,7 +208,7 @@ def job_live(request: HttpRequest, job_id: int) -> JsonResponse:
         {
             "job": summary,
             "events": [event_payload(e) for e in events],
-            "logs": [log_payload(line) for line in lines],
+            "logs": [log_line_json(line) for line in lines],
         }
     )
 

@@ -375,7 +375,7 @@ $("log-download").addEventListener("click", () => {
 // --- checkpoints ------------------------------------------------------------------------------
 async function refreshCheckpoints() {
   const body = await getJSON(`/api/v1/jobs/${jobId}/checkpoints/`);
-  const rows = body.checkpoints.map((c) => {
+  const rows = body.results.map((c) => {
     const tr = document.createElement("tr");
     for (const [text, cls] of [
       [c.step, "num"],
