@@ -78,3 +78,12 @@ def test_points_are_lost_or_duplicated_per_round_rank_and_step() -> None:
     # Then rank 1's step 2 is lost, rank 0's step 2 is stored twice, and step 9 was never logged
     assert (count.expected, count.lost, count.duplicated, count.unlogged) == (6, 1, 1, 1)
     assert count.lost_keys == ((1, 1, 2),)
+
+
+def test_ranks_that_resumed_from_different_snapshots_are_caught() -> None:
+    # Given a new rank 0 whose peers resumed from an older snapshot than it did
+    log = [start(1, 0, 0.0), *steps(1, 1, 25, 0.1), {**start(2, 20, 3.0, 2), "ranks_resume": [20, 10, 20]}]
+
+    texts = [p.text for p in check_sequence(log, EVERY).problems]
+
+    assert texts == ["pid 2: the ranks resumed from different steps [20, 10, 20]"]

@@ -2,9 +2,11 @@
 
 - ``check_sequence``: rank 0's step sequence. Each process starts with a ``start`` line naming
   the step it resumed from; after it, steps must follow one by one. A resume ahead of the
-  highest step logged skips ahead; one more than a checkpoint interval behind it goes back too
-  far; a step line from a process other than the newest one (an old round still training) or a
-  step out of order within a process breaks the sequence too.
+  highest step logged skips ahead; more than a checkpoint interval behind it goes back too far
+  (exactly one interval is what a crash between logging a step and renaming its snapshot
+  costs). Ranks that resumed from different steps, a step line from a process other than the
+  newest one (an old round still training) or a step out of order within a process break the
+  sequence too.
 - ``compare_points``: the script's own log against the database, per (round, rank, step): a step
   the script logged with no stored point is lost, a step stored more than once is duplicated
   (ingest de-duplicates by sequence number; a second row for the same step means the same point
@@ -104,6 +106,9 @@ def check_sequence(records: Iterable[dict[str, Any]], every: int) -> Sequence:
                         t, f"pid {pid} resumed at step {resume}, more than {every} behind step {seq.highest}"
                     )
                 )
+            peers = record.get("ranks_resume")
+            if isinstance(peers, list) and len(set(peers)) > 1:
+                seq.problems.append(Problem(t, f"pid {pid}: the ranks resumed from different steps {peers}"))
             seq.resumes.append(Resume(t, int(record.get("round", -1)), pid, resume, seq.highest))
             current_pid, expect = pid, resume + 1
             continue

@@ -234,12 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         drop_last=True,
     )
     identity = {"rank": rank, "pid": os.getpid(), "round": round_, "restart_count": restart_count}
+    # Every rank's resume step, so the log shows that all of them resumed from the same snapshot.
+    resumed_at: list[Any] = [None] * world
+    dist.all_gather_object(resumed_at, step)
     log.write(
         {
             "event": "start",
             "t": time.time(),
             "resume_step": step,
             "snapshot": snapshot,
+            "ranks_resume": resumed_at,
             "world": world,
             **identity,
         }
