@@ -277,7 +277,8 @@ class Console:
         """SIGKILL a component (web, controller, ingest or an agent's name) as the set-up does."""
         raise NotImplementedError
 
-    def restart_redis(self, outage: float) -> None:
+    def restart_redis(self, outage: float) -> str:
+        """Restarts Redis as the set-up would; says what it did."""
         raise NotImplementedError
 
     def restart_postgres(self, outage: float) -> None:
@@ -404,8 +405,9 @@ class ComposeConsole(Console):
         self.start_component(component)  # restart: unless-stopped
         return killed
 
-    def restart_redis(self, outage: float) -> None:
+    def restart_redis(self, outage: float) -> str:
         self.redis.restart(outage)
+        return f"Redis stopped (SIGTERM), {outage:.0f} s down, started on its port"
 
     def ensure_running(self) -> list[str]:
         restarted = []
@@ -477,8 +479,11 @@ class SupervisedConsole(Console):
         proc = self.child("redis-server") if found else None
         if proc is None:
             raise RuntimeError("the supervisor started no Redis")
-        argv = proc.cmdline()
-        return f"redis://127.0.0.1:{argv[argv.index('--port') + 1]}/0"
+        # redis-server retitles itself "redis-server 127.0.0.1:PORT"; its listening socket says it too.
+        ports = sorted({c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == "LISTEN"})
+        if not ports:
+            raise RuntimeError("the supervisor's Redis listens on no port")
+        return f"redis://127.0.0.1:{ports[0]}/0"
 
     def start_agent(self, name: str) -> None:
         popen = spawn(
@@ -529,12 +534,13 @@ class SupervisedConsole(Console):
         signal_pid(pid, signal.SIGKILL)
         return [pid]
 
-    def restart_redis(self, outage: float) -> None:
+    def restart_redis(self, outage: float) -> str:
         """SIGTERM to the embedded Redis: it saves and exits; restarting it is the supervisor's
         job. ``outage`` is not used: the supervisor decides when it comes back."""
         pid = self.pid_of("redis")
         if pid is not None:
             signal_pid(pid, signal.SIGTERM)
+        return f"SIGTERM to the supervisor's Redis (pid {pid}); restarting it is the supervisor's job"
 
     def problem(self) -> str:
         if self.supervisor_exited():

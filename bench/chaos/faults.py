@@ -215,8 +215,7 @@ def inject(console: Console, run: JobRun, fault: str, timing: Timing) -> str:
         pid = kill_rank(run, 1)
         return f"SIGKILL rank 1 (pid {pid})"
     if fault == "redis":
-        console.restart_redis(timing.outage)
-        return f"Redis stopped (SIGTERM), {timing.outage:.0f} s down, started"
+        return console.restart_redis(timing.outage)
     if fault == "postgres":
         console.restart_postgres(timing.outage)
         return f"pg_ctl stop -m fast, {timing.outage:.0f} s down, pg_ctl start"
@@ -252,10 +251,12 @@ def finish_job(console: Console, run: JobRun, result: CaseResult, timing: Timing
         0.2,
     )
     state = console.job_state(run.job_id)[0]
-    if problem := console.problem():
+    problem = console.problem()
+    if problem and problem not in result.notes:
         result.notes.append(problem)
     if state not in TERMINAL:
-        result.notes.append(f"no final state {timing.finish_timeout:.0f} s after the finish file; stopped it")
+        waited = "with the console down" if problem else f"{timing.finish_timeout:.0f} s after the finish file"
+        result.notes.append(f"no final state {waited}; the bench stopped the job")
         with contextlib.suppress(Exception):
             console.ensure_running()
             console.stop_job(run.job_id)
@@ -298,6 +299,7 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     poller = ApiPoller(console.api_url, console.token, run.job_id)
     poller.start()
     t_fault = healed_at = time.time()
+    gave_up = False
     try:
         result.detail = inject(console, run, fault, timing)
         healed = wait_until(lambda: console.healthy() or bool(console.problem()), timing.heal_timeout, 0.5)
@@ -308,6 +310,7 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
             )
         else:
             wait_steps(console, run, timing.after_steps, time.time(), timing.heal_timeout)
+        gave_up = bool(console.problem())
         finish_job(console, run, result, timing)
     finally:
         poller.stop()
@@ -315,6 +318,8 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     result.http_5xx_after_heal = sum(1 for t in poller.times_5xx if t > healed_at)
     result.first_5xx = poller.first_5xx
     result.recovered_s, result.redone = recovery(run, t_fault)
+    if gave_up:
+        result.recovered_s = None  # what trained after the fault were ranks the console had lost
     measure(console, run, result)
     result.seconds = time.monotonic() - started
     return result
@@ -390,8 +395,8 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
         redone = [r.redone for r in sequence.resumes_between(begin, end)]
         kill.redone = max(redone) if redone else None
     measure(console, run, result)
-    recovered = sorted(k.recovered_s for k in result.kills if k.recovered_s is not None)
-    result.recovered_s = recovered[len(recovered) // 2] if recovered else None
+    times = sorted(k.recovered_s for k in result.kills if k.recovered_s is not None)
+    result.recovered_s = times[len(times) // 2] if times else None
     redone_all = [k.redone for k in result.kills if k.redone is not None]
     result.redone = max(redone_all) if redone_all else None
     result.seconds = time.monotonic() - started

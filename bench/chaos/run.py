@@ -241,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         print(f"interrupted by {exc}; every process of the run was stopped", flush=True)
         code = 130
+    except Exception:
+        traceback.print_exc()
+        print("the run failed; every process of the run was stopped", flush=True)
+        code = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
