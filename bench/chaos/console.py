@@ -133,6 +133,8 @@ class Console:
         self.agent_names: list[str] = []
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.jobs = 0
+        self.events: list[str] = []  # what the set-up's own restart policy did, for the cases' notes
+        self._job_over: dict[int, tuple[float, bool]] = {}
 
     # --- database ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -155,6 +157,16 @@ class Console:
     def job_state(self, job_id: int) -> tuple[str, int]:
         rows = self.query("SELECT state, round_number FROM jobs_job WHERE id = %s", [job_id])
         return (str(rows[0][0]), int(rows[0][1])) if rows else ("MISSING", 0)
+
+    def job_over(self, job_id: int, max_age: float = 1.0) -> bool:
+        """The job reached a final state (read at most once per ``max_age`` seconds: loops that
+        watch the step log many times a second would otherwise load the database with it)."""
+        now = time.monotonic()
+        cached = self._job_over.get(job_id)
+        if cached is None or now - cached[0] >= max_age:
+            cached = (now, self.job_state(job_id)[0] in ("SUCCEEDED", "FAILED", "STOPPED"))
+            self._job_over[job_id] = cached
+        return cached[1]
 
     def online(self) -> int:
         rows = self.query(
@@ -285,7 +297,8 @@ class Console:
         self.pg.restart(outage)
 
     def problem(self) -> str:
-        """Why the console cannot carry on by itself ("" when it can)."""
+        """Why the console cannot carry on by itself ("" when it can). Called often while a case
+        waits; the compose set-up uses the call to restart what exited, as docker would."""
         return ""
 
     def healthy(self) -> bool:
@@ -404,6 +417,17 @@ class ComposeConsole(Console):
         self.restarts += 1
         self.start_component(component)  # restart: unless-stopped
         return killed
+
+    def problem(self) -> str:
+        """``restart: unless-stopped``: a component that exited on its own is started again."""
+        for name in (*COMPONENTS, *self.agent_names):
+            popen = self.popen(name)
+            if popen is not None and popen.poll() is not None:
+                self.events.append(
+                    f"{name} exited by itself (code {popen.returncode}); restarted, as docker would"
+                )
+                self.start_component(name)
+        return ""
 
     def restart_redis(self, outage: float) -> str:
         self.redis.restart(outage)

@@ -18,6 +18,7 @@ import itertools
 import os
 import random
 import signal
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,8 @@ DESCRIPTIONS = {
     "rank-kills": "rank kills in a row",
 }
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+KILL_CYCLE_GUESS = 10.0  # seconds per kill (recovery and a checkpoint interval) before one is measured
+FINISH_RESERVE = 40.0  # seconds the series keeps for ending the job and measuring it
 SCRIPT_NAME = "plain_ddp.py"
 
 
@@ -62,6 +65,10 @@ class Timing:
     heal_timeout: float = 90.0
     finish_timeout: float = 60.0
     outage: float = 2.0  # seconds Redis / PostgreSQL stay down
+    deadline: float = float("inf")  # time.monotonic() by which the rank-kill series must be done
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 @dataclass
@@ -152,7 +159,7 @@ def wait_steps(
     def done() -> bool:
         if len(steps_after(run, after, world)) >= count:
             return True
-        return bool(console.problem()) or console.job_state(run.job_id)[0] in TERMINAL
+        return bool(console.problem()) or console.job_over(run.job_id)
 
     wait_until(done, timeout, 0.1)
     return len(steps_after(run, after, world)) >= count
@@ -255,7 +262,9 @@ def finish_job(console: Console, run: JobRun, result: CaseResult, timing: Timing
     if problem and problem not in result.notes:
         result.notes.append(problem)
     if state not in TERMINAL:
-        waited = "with the console down" if problem else f"{timing.finish_timeout:.0f} s after the finish file"
+        waited = (
+            "with the console down" if problem else f"{timing.finish_timeout:.0f} s after the finish file"
+        )
         result.notes.append(f"no final state {waited}; the bench stopped the job")
         with contextlib.suppress(Exception):
             console.ensure_running()
@@ -292,6 +301,7 @@ def measure(console: Console, run: JobRun, result: CaseResult) -> None:
 def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     started = time.monotonic()
     result = CaseResult(console.kind, fault)
+    events = len(console.events)
     run = start_job(console, fault, result, timing)
     if run is None:
         result.seconds = time.monotonic() - started
@@ -320,6 +330,7 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     result.recovered_s, result.redone = recovery(run, t_fault)
     if gave_up:
         result.recovered_s = None  # what trained after the fault were ranks the console had lost
+    result.notes.extend(console.events[events:])
     measure(console, run, result)
     result.seconds = time.monotonic() - started
     return result
@@ -347,6 +358,7 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
     started = time.monotonic()
     rng = random.Random(seed)
     result = CaseResult(console.kind, "rank-kills")
+    events = len(console.events)
     run = start_job(console, "rank-kills", result, timing)
     if run is None:
         result.seconds = time.monotonic() - started
@@ -355,8 +367,14 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
     poller = ApiPoller(console.api_url, console.token, run.job_id)
     poller.start()
     kill_times: list[float] = []
+    cycle_started = time.monotonic()
+    cycles: list[float] = []
     try:
         for index in range(kills):
+            expected = statistics.median(cycles) if cycles else KILL_CYCLE_GUESS
+            if timing.left() < expected + FINISH_RESERVE:
+                result.notes.append(f"stopped after {index} of {kills} kills: out of the time budget")
+                break
             start = current_start(run)
             assert start is not None
             target = int(start["resume_step"]) + run.every + rng.randrange(run.every)
@@ -365,12 +383,12 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
                     any(  # type: ignore[misc]
                         r["step"] >= target and r["pid"] == pid for r in run.steps()
                     )
-                    or console.job_state(run.job_id)[0] in TERMINAL
+                    or console.job_over(run.job_id)
                 ),
                 timing.heal_timeout,
                 0.02,
             )
-            if not reached or console.job_state(run.job_id)[0] in TERMINAL:
+            if not reached or console.job_over(run.job_id, max_age=0):
                 result.notes.append(f"kill {index + 1}: the job stopped training before step {target}")
                 break
             rank = rng.randrange(world)
@@ -383,6 +401,8 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
             wait_until(lambda t_kill=t_kill: resumed_after(run, t_kill), timing.heal_timeout, 0.05)  # type: ignore[misc]
             recovered, _ = recovery(run, t_kill)
             result.kills.append(KillResult(index + 1, rank, int(at_step), recovered, None, []))
+            cycles.append(time.monotonic() - cycle_started)
+            cycle_started = time.monotonic()
         finish_job(console, run, result, timing)
     finally:
         poller.stop()
@@ -394,6 +414,7 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
         kill.problems = [p.text for p in sequence.problems_between(begin, end)]
         redone = [r.redone for r in sequence.resumes_between(begin, end)]
         kill.redone = max(redone) if redone else None
+    result.notes.extend(console.events[events:])
     measure(console, run, result)
     times = sorted(k.recovered_s for k in result.kills if k.recovered_s is not None)
     result.recovered_s = times[len(times) // 2] if times else None
