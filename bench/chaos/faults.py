@@ -106,6 +106,10 @@ class CaseResult:
     notes: list[str] = field(default_factory=list)
     kills: list[KillResult] = field(default_factory=list)
     seconds: float = 0.0
+    fault_time: float = 0.0
+    victim_ranks: list[int] = field(default_factory=list)  # ranks the fault killed itself
+    lost_point_times: list[float] = field(default_factory=list)  # when the script logged each lost point
+    lost_line_times: list[float] = field(default_factory=list)  # the same for lost log lines
 
     @property
     def ok(self) -> bool:
@@ -190,14 +194,15 @@ def recovery(run: JobRun, t_fault: float) -> tuple[float | None, int | None]:
 # --- injecting ---------------------------------------------------------------------------------
 
 
-def victim_agent(console: Console, run: JobRun) -> str | None:
-    """A node of the job's round that is not rank 0: the supervisor's own agent in set-up (b)
-    (so that bringing it back is the supervisor's job), node rank 1 in set-up (a)."""
+def victim_agent(console: Console, run: JobRun) -> tuple[str, int] | None:
+    """A node of the job's round that is not rank 0, and its node rank: the supervisor's own
+    agent in set-up (b) (so that bringing it back is the supervisor's job), node rank 1 in (a)."""
+    members = {node_rank: console.node_of_rank(run.job_id, node_rank) for node_rank in (1, 2)}
     if isinstance(console, SupervisedConsole):
-        for node_rank in (1, 2):
-            if console.node_of_rank(run.job_id, node_rank) == console.LOCAL_AGENT:
-                return console.LOCAL_AGENT
-    return console.node_of_rank(run.job_id, 1)
+        for node_rank, name in members.items():
+            if name == console.LOCAL_AGENT:
+                return name, node_rank
+    return (members[1], 1) if members[1] is not None else None
 
 
 def kill_rank(run: JobRun, rank: int) -> int | None:
@@ -208,17 +213,20 @@ def kill_rank(run: JobRun, rank: int) -> int | None:
     return pid
 
 
-def inject(console: Console, run: JobRun, fault: str, timing: Timing) -> str:
+def inject(console: Console, run: JobRun, fault: str, timing: Timing, result: CaseResult) -> str:
     if fault in COMPONENTS:
         killed = console.kill(fault)
         return f"SIGKILL {fault}: {len(killed)} process(es)"
     if fault == "agent":
-        name = victim_agent(console, run)
-        if name is None:
+        victim = victim_agent(console, run)
+        if victim is None:
             return "no non-rank-0 agent in the round"
+        name, node_rank = victim
+        result.victim_ranks = [node_rank]  # one rank per node
         killed = console.kill(name)
-        return f"SIGKILL agent {name}: {len(killed)} process(es)"
+        return f"SIGKILL agent {name} (rank {node_rank}): {len(killed)} process(es)"
     if fault == "rank":
+        result.victim_ranks = [1]
         pid = kill_rank(run, 1)
         return f"SIGKILL rank 1 (pid {pid})"
     if fault == "redis":
@@ -289,6 +297,14 @@ def measure(console: Console, run: JobRun, result: CaseResult) -> None:
     with console.db() as conn:
         result.points = compare_points(expected, stored_metric_points(conn, run.job_id))
         result.lines = compare_points(expected, stored_step_lines(conn, run.job_id))
+    logged_at = {
+        (int(r["round"]), int(r["rank"]), int(r["step"])): float(r["t"])
+        for records in run.rank_logs()
+        for r in records
+        if r.get("event") is None and "step" in r
+    }
+    result.lost_point_times = [logged_at[key] for key in result.points.lost_keys if key in logged_at]
+    result.lost_line_times = [logged_at[key] for key in result.lines.lost_keys if key in logged_at]
     # Ranks of a finished job should be gone within the agents' stop grace period.
     owners = console.owners()
     wait_until(lambda: not orphans(console.run_id, owners, SCRIPT_NAME, set()), 10, 0.5)
@@ -311,7 +327,8 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     t_fault = healed_at = time.time()
     gave_up = False
     try:
-        result.detail = inject(console, run, fault, timing)
+        result.fault_time = time.time()
+        result.detail = inject(console, run, fault, timing, result)
         healed = wait_until(lambda: console.healthy() or bool(console.problem()), timing.heal_timeout, 0.5)
         healed_at = time.time()
         if not healed or console.problem():
