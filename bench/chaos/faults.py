@@ -59,8 +59,8 @@ SCRIPT_NAME = "plain_ddp.py"
 class Timing:
     """How long a case waits for each phase; the test uses shorter ones."""
 
-    warmup_steps: int = 30  # at world 3 before the fault
-    after_steps: int = 30  # after the console is whole again, before the job is asked to finish
+    warmup_steps: int = 20  # at world 3 before the fault
+    after_steps: int = 20  # after the console is whole again, before the job is asked to finish
     start_timeout: float = 180.0
     heal_timeout: float = 90.0
     finish_timeout: float = 60.0

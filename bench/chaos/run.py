@@ -31,6 +31,7 @@ Every process the bench starts carries a mark in its environment; whatever is le
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -50,9 +51,10 @@ from bench.chaos.console import ComposeConsole, Console, SupervisedConsole  # no
 from bench.chaos.faults import DESCRIPTIONS, FAULTS, CaseResult, Timing, run_case, run_rank_kills  # noqa: E402
 from bench.chaos.infra import sweep  # noqa: E402
 
-SETUPS: dict[str, type[Console]] = {"supervised": SupervisedConsole, "compose": ComposeConsole}
-"""In the order they run: the compose set-up last, as its rank-kill series takes what is left of
-the time budget."""
+SETUPS: dict[str, type[Console]] = {"compose": ComposeConsole, "supervised": SupervisedConsole}
+"""In the order they run. The compose set-up's rank-kill series takes what is left of the time
+budget once SUPERVISED_RESERVE is kept for the supervised set-up."""
+SUPERVISED_RESERVE = 240.0  # seconds: start-up and seven faults of about 25 s on a quiet machine
 CASE_MINIMUM = 60.0  # seconds a single fault needs at least; with less left it is skipped
 CLOSE_RESERVE = 45.0  # seconds kept for stopping the last set-up
 
@@ -239,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in setups:
             console = SETUPS[name](root / name, run_id)
+            reserve = SUPERVISED_RESERVE if name == "compose" and "supervised" in setups else 0.0
+            own = dataclasses.replace(timing, deadline=timing.deadline - reserve)
             try:
-                run_setup(console, faults, args.kills if name == "compose" else 0, timing, args.seed, results)
+                run_setup(console, faults, args.kills if name == "compose" else 0, own, args.seed, results)
             finally:
                 # Stop as politely as each process allows, then kill whatever is left by pid.
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
