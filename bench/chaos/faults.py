@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.chaos.console import COMPONENTS, Console, JobRun, SupervisedConsole
-from bench.chaos.infra import alive, wait_until
+from bench.chaos.infra import alive, marked_processes, wait_until
 from bench.chaos.measure import (
     ApiPoller,
     Orphan,
@@ -65,10 +65,14 @@ class Timing:
     heal_timeout: float = 90.0
     finish_timeout: float = 60.0
     outage: float = 2.0  # seconds Redis / PostgreSQL stay down
-    deadline: float = float("inf")  # time.monotonic() by which the rank-kill series must be done
+    deadline: float = float("inf")  # time.monotonic() by which the run must be done
+    kills_deadline: float = float("inf")  # by which the rank-kill series must be done
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def left_for_kills(self) -> float:
+        return min(self.deadline, self.kills_deadline) - time.monotonic()
 
 
 @dataclass
@@ -327,6 +331,7 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     t_fault = healed_at = time.time()
     gave_up = False
     try:
+        marked_processes(console.run_id)  # what runs now stays known if the fault orphans it
         result.fault_time = time.time()
         result.detail = inject(console, run, fault, timing, result)
         healed = wait_until(lambda: console.healthy() or bool(console.problem()), timing.heal_timeout, 0.5)
@@ -375,6 +380,9 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
     started = time.monotonic()
     rng = random.Random(seed)
     result = CaseResult(console.kind, "rank-kills")
+    if timing.left_for_kills() < KILL_CYCLE_GUESS + FINISH_RESERVE:
+        result.notes.append(f"not started: out of the time budget (0 of {kills} kills)")
+        return result
     events = len(console.events)
     run = start_job(console, "rank-kills", result, timing)
     if run is None:
@@ -389,7 +397,7 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
     try:
         for index in range(kills):
             expected = statistics.median(cycles) if cycles else KILL_CYCLE_GUESS
-            if timing.left() < expected + FINISH_RESERVE:
+            if timing.left_for_kills() < expected + FINISH_RESERVE:
                 result.notes.append(f"stopped after {index} of {kills} kills: out of the time budget")
                 break
             start = current_start(run)

@@ -52,10 +52,16 @@ def port_open(port: int) -> bool:
 # --- finding and stopping processes ------------------------------------------------------------
 
 
+_SEEN: dict[int, float] = {}
+"""Every process of the run seen so far (pid → create time): one that was ours stays ours after
+its parent dies and it is reparented, even if it retitled itself over its environment block
+(Celery's beat process does: after the controller's SIGKILL it lives on as "[celery beat]")."""
+
+
 def marked_processes(run_id: str) -> dict[int, psutil.Process]:
-    """Live (non-zombie) processes of the run: those whose environment holds its mark, and every
-    descendant of this process. (A process that retitles itself with setproctitle, as Celery
-    does, may overwrite the environment block /proc shows; it is still our descendant.)"""
+    """Live (non-zombie) processes of the run: those whose environment holds its mark, every
+    descendant of this process, and every process seen as one of those before (same pid and
+    start time)."""
     needle = f"{MARK}={run_id}".encode()
     me = os.getpid()
     found: dict[int, psutil.Process] = {}
@@ -68,10 +74,21 @@ def marked_processes(run_id: str) -> dict[int, psutil.Process]:
         with contextlib.suppress(OSError, psutil.Error):
             if needle in (entry / "environ").read_bytes().split(b"\0"):
                 found[int(entry.name)] = psutil.Process(int(entry.name))
+    for pid, created in list(_SEEN.items()):
+        if pid not in found:
+            try:
+                proc = psutil.Process(pid)
+                if abs(proc.create_time() - created) < 0.01:
+                    found[pid] = proc
+                    continue
+            except psutil.Error:
+                pass
+            del _SEEN[pid]
     live: dict[int, psutil.Process] = {}
     for pid, proc in found.items():
         with contextlib.suppress(psutil.Error):
             if proc.status() != psutil.STATUS_ZOMBIE:
+                _SEEN.setdefault(pid, proc.create_time())
                 live[pid] = proc
     return live
 

@@ -52,8 +52,8 @@ from bench.chaos.faults import DESCRIPTIONS, FAULTS, CaseResult, Timing, run_cas
 from bench.chaos.infra import sweep  # noqa: E402
 
 SETUPS: dict[str, type[Console]] = {"compose": ComposeConsole, "supervised": SupervisedConsole}
-"""In the order they run. The compose set-up's rank-kill series takes what is left of the time
-budget once SUPERVISED_RESERVE is kept for the supervised set-up."""
+"""In the order they run. Single faults come first in both; the compose set-up's rank-kill series
+takes what is left of the time budget once SUPERVISED_RESERVE is kept for the supervised set-up."""
 SUPERVISED_RESERVE = 240.0  # seconds: start-up and seven faults of about 25 s on a quiet machine
 CASE_MINIMUM = 60.0  # seconds a single fault needs at least; with less left it is skipped
 CLOSE_RESERVE = 45.0  # seconds kept for stopping the last set-up
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in setups:
             console = SETUPS[name](root / name, run_id)
             reserve = SUPERVISED_RESERVE if name == "compose" and "supervised" in setups else 0.0
-            own = dataclasses.replace(timing, deadline=timing.deadline - reserve)
+            own = dataclasses.replace(timing, kills_deadline=timing.deadline - reserve)
             try:
                 run_setup(console, faults, args.kills if name == "compose" else 0, own, args.seed, results)
             finally:
