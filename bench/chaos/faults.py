@@ -110,10 +110,16 @@ class CaseResult:
     notes: list[str] = field(default_factory=list)
     kills: list[KillResult] = field(default_factory=list)
     seconds: float = 0.0
+    skipped: bool = False
     fault_time: float = 0.0
     victim_ranks: list[int] = field(default_factory=list)  # ranks the fault killed itself
     lost_point_times: list[float] = field(default_factory=list)  # when the script logged each lost point
     lost_line_times: list[float] = field(default_factory=list)  # the same for lost log lines
+
+    @property
+    def ran(self) -> bool:
+        """False for a case the time budget left out."""
+        return not self.skipped
 
     @property
     def ok(self) -> bool:
@@ -129,6 +135,8 @@ class CaseResult:
         )
 
     def figures(self) -> dict[str, Any]:
+        if not self.ran:
+            return {"skipped": True, "why": "; ".join(self.notes)}
         figures: dict[str, Any] = {
             "state": self.state,
             "recovered_s": None if self.recovered_s is None else round(self.recovered_s, 2),
@@ -382,6 +390,7 @@ def run_rank_kills(console: Console, kills: int, timing: Timing, seed: int = 11)
     result = CaseResult(console.kind, "rank-kills")
     if timing.left_for_kills() < KILL_CYCLE_GUESS + FINISH_RESERVE:
         result.notes.append(f"not started: out of the time budget (0 of {kills} kills)")
+        result.skipped = True
         return result
     events = len(console.events)
     run = start_job(console, "rank-kills", result, timing)

@@ -110,6 +110,9 @@ def _pair(count: Any) -> str:
 
 def row(result: CaseResult) -> str:
     name = DESCRIPTIONS[result.fault]
+    if not result.ran:
+        cells = [result.setup, name, "skipped", *(["-"] * (len(COLUMNS) - 3))]
+        return "  ".join(cell.ljust(width) for cell, (_, width) in zip(cells, COLUMNS, strict=True))
     if result.kills:
         name = f"{len(result.kills)} {name}"
     recovered = "-" if result.recovered_s is None else f"{result.recovered_s:.2f}"
@@ -183,7 +186,8 @@ def summary(results: list[CaseResult], seconds: float, kills_asked: int) -> dict
         "rank_kills": len(kills),
         "rank_kills_asked": kills_asked,
         "jobs_succeeded": sum(r.state == "SUCCEEDED" for r in results),
-        "jobs": len(results),
+        "jobs": sum(r.ran for r in results),
+        "skipped": [f"{r.setup}/{r.fault}" for r in results if not r.ran],
         "seconds": round(seconds, 1),
     }
 
@@ -200,7 +204,9 @@ def run_setup(
     cases: list[str] = [*faults, *(["rank-kills"] if kills else [])]
     for fault in cases:
         if fault != "rank-kills" and timing.left() < CASE_MINIMUM:
-            results.append(CaseResult(console.kind, fault, notes=["skipped: out of the time budget"]))
+            results.append(
+                CaseResult(console.kind, fault, notes=["skipped: out of the time budget"], skipped=True)
+            )
             print(f"[{console.kind}] {DESCRIPTIONS[fault]}: skipped, out of the time budget", flush=True)
             continue
         try:
