@@ -305,7 +305,7 @@ class Console:
         """Every component runs and answers, every agent's node is ONLINE."""
         if self.problem() or not port_open(self.web_port):
             return False
-        if any(self.pid_of(name) is None for name in (*COMPONENTS, *self.agent_names)):
+        if any(self.pid_of(name) is None for name in self.components_to_watch()):
             return False
         try:
             return self.online() == len(self.agent_names)
@@ -315,6 +315,10 @@ class Console:
     def ensure_running(self) -> list[str]:
         """Brings back what a fault left down for good; returns what it had to restart."""
         return []
+
+    def components_to_watch(self) -> list[str]:
+        """What must run for the console to be whole (names pid_of knows)."""
+        return [*COMPONENTS, *self.agent_names]
 
     def owners(self) -> set[int]:
         """Processes that legitimately own processes of the run from outside it."""
@@ -550,6 +554,9 @@ class SupervisedConsole(Console):
             return popen.pid if popen is not None and popen.poll() is None else None
         proc = self.child(self.NEEDLES[component])
         return proc.pid if proc is not None else None
+
+    def components_to_watch(self) -> list[str]:
+        return [*COMPONENTS, "redis", *self.agent_names]
 
     def kill(self, component: str) -> list[int]:
         pid = self.pid_of(component)

@@ -111,6 +111,7 @@ class CaseResult:
     kills: list[KillResult] = field(default_factory=list)
     seconds: float = 0.0
     skipped: bool = False
+    console_gave_up: bool = False  # bin/run's supervisor stopped everything
     fault_time: float = 0.0
     victim_ranks: list[int] = field(default_factory=list)  # ranks the fault killed itself
     lost_point_times: list[float] = field(default_factory=list)  # when the script logged each lost point
@@ -279,8 +280,10 @@ def finish_job(console: Console, run: JobRun, result: CaseResult, timing: Timing
     )
     state = console.job_state(run.job_id)[0]
     problem = console.problem()
-    if problem and problem not in result.notes:
-        result.notes.append(problem)
+    if problem:
+        result.console_gave_up = True
+        if problem not in result.notes:
+            result.notes.append(problem)
     if state not in TERMINAL:
         waited = (
             "with the console down" if problem else f"{timing.finish_timeout:.0f} s after the finish file"
@@ -358,7 +361,7 @@ def run_case(console: Console, fault: str, timing: Timing) -> CaseResult:
     result.http_5xx_after_heal = sum(1 for t in poller.times_5xx if t > healed_at)
     result.first_5xx = poller.first_5xx
     result.recovered_s, result.redone = recovery(run, t_fault)
-    if gave_up:
+    if gave_up or result.console_gave_up:
         result.recovered_s = None  # what trained after the fault were ranks the console had lost
     result.notes.extend(console.events[events:])
     measure(console, run, result)
