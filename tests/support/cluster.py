@@ -149,7 +149,10 @@ def _tail(text: str, lines: int) -> str:
 def assert_resumes_from_checkpoints(records: list[dict[str, Any]], *, every: int, total: int) -> None:
     """The step counter always resumes from the latest checkpoint: never 0, never ahead.
 
-    A graceful stop checkpoints the exact step; a crash loses less than one interval.
+    A graceful stop checkpoints the exact step; a crash loses at most one interval: exactly one
+    when it comes after a checkpoint step was logged and before that checkpoint's file was
+    renamed into place (bench/chaos saw it: a kill during the write of step 260's snapshot
+    resumed at 250, as it should).
     """
     highest = 0
     segments = 0
@@ -161,7 +164,7 @@ def assert_resumes_from_checkpoints(records: list[dict[str, Any]], *, every: int
             if segments > 1 and highest >= every:
                 assert resume > 0, f"segment {segments} restarted from 0 after reaching step {highest}"
             assert resume <= highest, f"segment {segments} resumed at {resume}, ahead of step {highest}"
-            assert resume > highest - every, (
+            assert resume >= highest - every, (
                 f"segment {segments} resumed at {resume}, lost too much of {highest}"
             )
             expect_next = resume + 1

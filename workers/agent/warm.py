@@ -33,6 +33,7 @@ import importlib
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -107,11 +108,18 @@ def restore_priority(original: Priority | None) -> None:
 
 
 def restore_on_launch_signal(original: Priority | None) -> None:
-    """The pool sends LAUNCH_SIGNAL just before the launch line: a process taken while still
-    importing finishes its imports at the rank's priority. SIGWINCH is ignored by default, so
-    one that arrives before this handler exists does no harm."""
-    if original is not None:
-        signal.signal(LAUNCH_SIGNAL, lambda _signum, _frame: restore_priority(original))
+    """The pool sends LAUNCH_SIGNAL right after the launch line: a process taken while still
+    importing finishes its imports at the rank's priority. SIGWINCH is ignored by default, so a
+    process taken before this handler existed (the pool hands out one it has only just started
+    when none is ready) loses the signal; but its launch line was written before the signal,
+    so it is already waiting on stdin here, and the priority is restored at once. Without that
+    check such a rank imported torch at nice 19 in an autogroup at nice 19: on a busy host it
+    took minutes to start (bench/chaos), and its whole round waited for it."""
+    if original is None:
+        return
+    signal.signal(LAUNCH_SIGNAL, lambda _signum, _frame: restore_priority(original))
+    if select.select([sys.stdin], [], [], 0)[0]:
+        restore_priority(original)
 
 
 def preload() -> None:

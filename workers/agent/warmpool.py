@@ -133,19 +133,21 @@ def warm_request(
 
 
 def send_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> None:
-    """Hands the launch line to the warm process and closes the pipe (one launch per process).
-    The signal first lifts the import priority of a process still importing (warm.py)."""
+    """Hands the launch line to the warm process and closes the pipe (one launch per process),
+    then signals it: the signal lifts the import priority of a process still importing, and one
+    that arrives before the process has its handler finds the line already there (warm.py)."""
     stdin = proc.stdin
     assert stdin is not None
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGCONT)  # a paused import goes on, now for the rank
-        os.kill(proc.pid, LAUNCH_SIGNAL)
     try:
         stdin.write(json.dumps(request).encode() + b"\n")
         stdin.flush()
     finally:
         with contextlib.suppress(OSError):
             stdin.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, LAUNCH_SIGNAL)
 
 
 class CpuMeter:
