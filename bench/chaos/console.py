@@ -65,7 +65,7 @@ from django.contrib.auth.models import Group, User
 from console.api.models import ApiToken
 user, _ = User.objects.get_or_create(username="chaos")
 user.groups.add(Group.objects.get_or_create(name="operator")[0])
-print(ApiToken.issue(user, "chaos-bench")[1])
+print(ApiToken.issue(user, "chaos-bench", ["read", "jobs:write", "nodes:write"], replace=True)[1])
 """
 
 
