@@ -94,6 +94,22 @@ class BundleRef(TypedDict):
     url: str  # HTTP URL the agent fetches the archive from, with the node token as bearer
 
 
+class PsProcess(TypedDict):
+    role: str  # "coordinator" | "ps" | "worker" (workers/ps/contract.py's Role)
+    index: int  # within the role
+    rank: int  # among all the round's processes
+
+
+class PsRound(TypedDict):
+    """A parameter_server round's layout, the same for every host but ``processes``."""
+
+    mode: str  # workers/ps/contract.py's Mode
+    coordinator: str  # host:port
+    addresses: list[str]  # PS i listens on addresses[i] (host:port)
+    worker_count: int
+    processes: list[PsProcess]  # this host's processes, by local rank (nproc_per_node of them)
+
+
 class RoundSpec(TypedDict):
     job_id: int
     round: int
@@ -118,6 +134,9 @@ class RoundSpec(TypedDict):
     restart_count: int
     max_restarts: int
     grace_period: float
+    # parameter_server jobs only: each local rank is one process of a role, started with the
+    # environment of workers/ps/contract.py (workers/agent/launcher.py).
+    ps: NotRequired[PsRound]
 
 
 class GpuInfo(TypedDict):

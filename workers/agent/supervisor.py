@@ -42,6 +42,7 @@ from workers.agent.launcher import (
     rank_command,
     rank_env,
     start_rank,
+    survivable,
 )
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.retention import prune_rounds
@@ -381,7 +382,6 @@ class Supervisor(threading.Thread):
     def _spawn(self, local: LocalRound, bundle_dir: Path | None) -> None:
         spec = local.spec
         try:
-            command = rank_command(spec, bundle_dir)
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             if self._pool is not None:
                 self._pool.hold(spec["nproc_per_node"])
@@ -389,6 +389,7 @@ class Supervisor(threading.Thread):
             for local_rank in range(spec["nproc_per_node"]):
                 files = RankFiles.for_rank(self._config, spec, local_rank)
                 files.prepare()
+                command = rank_command(spec, bundle_dir, local_rank)
                 env = rank_env(self._config, spec, local_rank, files)
                 env[ENV_AGENT_SESSION] = self._session
                 handler, how = start_rank(command, env, files, local_rank, self._pool)
@@ -546,7 +547,7 @@ class Supervisor(threading.Thread):
             exit_["signal"] or returncode,
         )
         self._control.send(protocol.CONTROL_RANK_EXITED, job_id=local.job_id, round=local.number, exit=exit_)
-        if returncode != 0:
+        if returncode != 0 and not survivable(local.spec, rank.local_rank):
             local.failures.append(exit_)
             # Like torchrun's local agent: one failed rank fails the local worker group.
             self._begin_stop(local, self._grace(local.spec), "failure")
