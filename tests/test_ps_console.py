@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.support.controller import wait_for
 from tests.support.decisions import Decide, failing_exit, make_node, stop
 from tests.support.ps import COUNT_WORKER
 
-EXAMPLES = 3000
+EXAMPLES = 4000
 SHARD = 200
 BATCH = 50
 
@@ -112,6 +113,38 @@ def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) 
     assert last.kinds() == ["ps.worker_lost", "rank.failed"]
 
 
+def test_the_worker_role_is_resized_in_place(decide: Decide) -> None:
+    make_node("a", slots=4), make_node("b", slots=3)
+    job = ps_job(workers=3)  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
+    decide(scheduler.tick)
+
+    grown = decide(actions.resize_role, job.pk, "worker", 4, None)
+    ((name, queue, kwargs),) = grown.to_agents()  # only a gets the round again, with worker 3
+    assert (name, queue, kwargs["spec"]["round"]) == ("trainyard.agent.start_round", "node.a", 1)
+    assert kwargs["spec"]["ps"]["processes"][-1] == {"role": "worker", "index": 3, "rank": 6}
+    assert kwargs["spec"]["ps"]["worker_count"] == 4 and kwargs["spec"]["nproc_per_node"] == 4
+    assert grown.kinds() == ["ps.workers_resized", "job.resize_requested"]
+    job.refresh_from_db()
+    assert (job.round_number, job.role_count("worker")) == (1, 4) and job.rounds.get().world_size == 7
+
+    shrunk = decide(actions.resize_role, job.pk, "worker", 2, None)
+    assert sorted(q for _, q, _ in shrunk.to_agents()) == ["node.a", "node.b"]  # workers 3 and 2 go
+    removed = [p for a in job.rounds.get().allocations.all() for p in a.processes if p.get("removed")]
+    assert sorted(p["index"] for p in removed) == [2, 3]
+    job.refresh_from_db()
+    assert job.round_number == 1 and job.rounds.get().world_size == 5
+
+    # The two workers left finishing end the job; the removed ones are not waited for
+    decide(reports.rank_exited, "b", job.pk, 1, worker_exit(1, 3))
+    done = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(2, 4))
+    assert done.kinds() == ["job.succeeded"]
+
+    with pytest.raises(actions.ControlError, match="only live jobs"):
+        actions.resize_role(job.pk, "worker", 3, None)
+    with pytest.raises(actions.InvalidRequest, match=r"1\.\.8"):
+        actions.resize_role(ps_job().pk, "worker", 9, None)
+
+
 def processes(cluster: Cluster, marker: str) -> list[psutil.Process]:
     found = []
     for agent in cluster.agents.agents:
@@ -151,7 +184,7 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
             "--batch-size",
             str(BATCH),
             "--sleep",
-            "0.15",
+            "0.2",
         ],
         "env": {"TRAINYARD_PS_LEASE_S": "2", "TRAINYARD_PS_STATS_EVERY_S": "1"},
         "grace_period": 10,
@@ -186,15 +219,34 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
     lost = job.events.get(kind="ps.worker_lost")
     assert lost.data["signal"] == "SIGKILL" and lost.data["worker"] == 1
 
-    # And the job succeeds in its first round once worker 0 has done the rest of the data,
-    # with the same PS processes throughout; their stop at the end is the job's
+    # When the operator resizes the worker role back to 2 through the API
+    asked = time.time()
+    response = cluster.api.post(
+        f"/api/v1/jobs/{job.pk}/resize/", {"role": "worker", "count": 2}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["roles"]["worker"]["count"] == 2
+
+    # Then a new worker (index 2) joins the same round and pushes, the servers untouched
+    joined = Path(str(summary).replace("{index}", "2") + ".first")
+    try:
+        wait_for(joined.exists, timeout=60, message="the new worker's first push")
+    except AssertionError:
+        raise AssertionError(cluster.diagnose(job)) from None
+    print(f"worker_join_s={json.loads(joined.read_text())['first_push_at'] - asked:.2f}")
+    job.refresh_from_db()
+    assert job.round_number == 1 and all(p.is_running() for p in servers), cluster.diagnose(job)
+
+    # And the job succeeds in its first round once workers 0 and 2 have done the rest of the
+    # data, with the same PS processes throughout; their stop at the end is the job's
     job = cluster.wait_state(job, JobState.SUCCEEDED, JobState.FAILED, timeout=180)
     assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
     assert (job.round_number, job.restarts) == (1, 0)
-    assert job.events.get(kind="job.succeeded").message == "Succeeded in round 1: 1 of 2 worker(s) finished"
+    assert job.events.get(kind="job.succeeded").message == "Succeeded in round 1: 2 of 3 worker(s) finished"
     assert not Path(str(summary).replace("{index}", "1")).exists(), "worker 1 finished before it was killed"
-    done = json.loads(Path(str(summary).replace("{index}", "0")).read_text())
-    assert not done["left_early"] and done["examples"] > 0
+    for index in (0, 2):
+        done = json.loads(Path(str(summary).replace("{index}", str(index))).read_text())
+        assert not done["left_early"] and done["examples"] > 0
     exits = [e for a in job.rounds.get().allocations.all() for e in a.exit_info.get("exits", [])]
     assert sorted(e["rank"] for e in exits) == sorted(p["rank"] for p in rnd_workers(job)), exits
     wait_for(lambda: not any(p.is_running() for p in servers), timeout=30, message="servers stopped")

@@ -10,7 +10,16 @@ import pytest
 
 from console.core.states import RoundReason
 from console.jobs import roles
-from console.jobs.planning import JobView, NodeView, Process, Snapshot, place_processes, plan_round
+from console.jobs.planning import (
+    JobView,
+    NodeView,
+    Process,
+    Regroup,
+    Snapshot,
+    place_processes,
+    plan_round,
+    regroup_workers,
+)
 from workers.agent import launcher
 from workers.agent.config import AgentConfig
 from workers.protocol import PsProcess, RoundSpec
@@ -195,3 +204,32 @@ def test_the_coordinator_runs_the_coordinator_module() -> None:
     round_spec = spec([{"role": "coordinator", "index": 0, "rank": 0}])
     assert launcher.rank_command(round_spec, None, 0).args == ("-m", "workers.ps.coordinator")
     assert not launcher.survivable(round_spec, 0)
+
+
+# --- the worker role resized in place ------------------------------------------------------
+
+
+def test_growing_workers_deals_them_to_the_roomiest_node_after_every_index_used() -> None:
+    shares = place_processes(2, 3, 2)
+    grown = regroup_workers(shares, live=[0, 2], free=[1, 2], count=4)  # worker 1 has ended
+    assert grown == Regroup(add=((1, Process("worker", 3, 6)), (0, Process("worker", 4, 7))), remove=())
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=4) is None  # no room
+
+
+def test_shrinking_workers_removes_the_highest_indexes() -> None:
+    shares = place_processes(2, 3, 2)
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=1) == Regroup((), (2, 1))
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=3) == Regroup((), ())
+
+
+def test_the_agent_starts_added_workers_and_stops_removed_ones() -> None:
+    round_spec = spec(
+        [
+            {"role": "ps", "index": 0, "rank": 1},
+            {"role": "worker", "index": 0, "rank": 3, "removed": True},
+            {"role": "worker", "index": 3, "rank": 6},
+        ]
+    )
+    assert launcher.regroup(round_spec, running=2) == ([2], {1})
+    assert launcher.regroup(round_spec, running=3) == ([], {1})
+    assert launcher.removed(round_spec, 1) and not launcher.removed(round_spec, 2)

@@ -181,6 +181,11 @@ class JobSpecSerializer(serializers.Serializer):
             attrs["roles"] = job_roles.normalize(given)
         except job_roles.RolesError as exc:
             raise serializers.ValidationError({"roles": [str(exc)]}) from None
+        low, high = parse_nnodes(attrs.get("nnodes", "1"))
+        if low != high:
+            raise serializers.ValidationError(
+                {"nnodes": ["A parameter_server job runs on a fixed node count; its worker role is elastic."]}
+            )
         if attrs.get("gpus_per_proc"):
             raise serializers.ValidationError(
                 {"gpus_per_proc": ["parameter_server jobs run on CPU here; use gpus_per_proc 0."]}
@@ -322,16 +327,31 @@ class JobDetailSerializer(JobSerializer):
 
 
 class ResizeSerializer(serializers.Serializer):
-    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES)
+    """``{"nodes": N}`` for an allreduce job; ``{"role": "worker" | "ps", "count": N}`` for a
+    parameter_server job."""
+
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False)
+    role = serializers.ChoiceField(choices=[job_roles.WORKER, job_roles.PS], required=False)
+    count = serializers.IntegerField(min_value=1, max_value=job_roles.MAX_WORKERS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "role" in attrs:
+            if "count" not in attrs:
+                raise serializers.ValidationError({"count": ["Give the role's new process count."]})
+            if "nodes" in attrs:
+                raise serializers.ValidationError({"nodes": ["Resize a role or the nodes, not both."]})
+        elif "nodes" not in attrs:
+            raise serializers.ValidationError({"nodes": ["Give nodes, or a role and its count."]})
+        return attrs
 
 
-def _control(call: Any, *args: Any) -> Job:
+def _control(call: Any, *args: Any, field: str = "nodes") -> Job:
     try:
         return call(*args)
     except Job.DoesNotExist:
         raise Http404("No such job.") from None
     except actions.InvalidRequest as exc:
-        raise serializers.ValidationError({"nodes": [str(exc)]}) from None
+        raise serializers.ValidationError({field: [str(exc)]}) from None
     except actions.ControlError as exc:
         raise Conflict(str(exc)) from None
 
@@ -396,7 +416,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def resize(self, request: Request, pk: str) -> Response:
         body = ResizeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        job = _control(actions.resize_job, self._id(pk), body.validated_data["nodes"], request.user)
+        data = body.validated_data
+        if "role" in data:
+            job = _control(
+                actions.resize_role, self._id(pk), data["role"], data["count"], request.user, field="count"
+            )
+        else:
+            job = _control(actions.resize_job, self._id(pk), data["nodes"], request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})

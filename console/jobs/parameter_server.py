@@ -17,12 +17,20 @@ from datetime import datetime
 from typing import Any
 
 from console.core.states import JobState
+from console.core.transport import send_on_commit
 from console.jobs.failures import describe, failed, record_failure
 from console.jobs.models import Allocation, Job, Round
+from console.jobs.planning import Process, Regroup, regroup_workers
 from console.jobs.rounds import finish_job
+from console.jobs.snapshot import node_views
+from console.jobs.spec import round_spec
 from console.telemetry import events
 from console.telemetry.models import Severity
 from workers import protocol
+
+
+class NoRoom(Exception):
+    """The round's nodes have no free slots for the workers asked for."""
 
 
 def process_of(alloc: Allocation, exit: protocol.RankExit) -> dict[str, Any] | None:
@@ -44,7 +52,7 @@ def worker_tally(rnd: Round) -> tuple[int, int, int]:
     for alloc in rnd.allocations.all():
         exits = {e.get("local_rank"): e for e in alloc.exit_info.get("exits", [])}
         for local_rank, process in enumerate(alloc.processes):
-            if process["role"] != "worker":
+            if process["role"] != "worker" or process.get("removed"):
                 continue
             workers += 1
             exit = exits.get(local_rank)
@@ -71,6 +79,10 @@ def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: dat
             exit_code=exit.get("exit_code"),
             signal=exit.get("signal"),
         )
+    _end_if_done(job, alloc, exit, now)
+
+
+def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, now: datetime) -> None:
     workers, ended, succeeded = worker_tally(alloc.round)
     if ended < workers:
         return
@@ -80,5 +92,66 @@ def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: dat
             JobState.SUCCEEDED,
             f"Succeeded in round {alloc.round.number}: {succeeded} of {workers} worker(s) finished",
         )
-    else:
+    elif exit is not None:
         record_failure(job, alloc, exit, now)  # every worker failed: the round failed
+
+
+def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
+    """Bring the current round's live workers to ``count`` in place: new worker processes start
+    on the round's nodes with room, removed ones are stopped; the PS, the coordinator and the
+    other workers run on (the coordinator's leases hand the new workers shards). Raises NoRoom."""
+    rnd = job.current_round()
+    assert rnd is not None
+    allocs = list(
+        rnd.allocations.select_for_update(of=("self",)).select_related("node").order_by("node_rank")
+    )
+    free_slots = node_views(exclude_job=job)
+    shares, live, free = [], [], []
+    for alloc in allocs:
+        ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+        share = [Process(p["role"], p["index"], p["rank"]) for p in alloc.processes]
+        running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
+        shares.append(share)
+        live += [p["index"] for p in running if p["role"] == "worker"]
+        free.append(free_slots[alloc.node_id].free_slots - len(running))
+    regroup = regroup_workers(shares, live, free, count)
+    if regroup is None:
+        raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
+    changed: set[int] = set()
+    for position, process in regroup.add:
+        allocs[position].processes = [
+            *allocs[position].processes,
+            {"role": process.role, "index": process.index, "rank": process.rank},
+        ]
+        changed.add(position)
+    for position, alloc in enumerate(allocs):
+        rows = [dict(p) for p in alloc.processes]
+        for row in rows:
+            if row["role"] == "worker" and row["index"] in regroup.remove:
+                row["removed"] = True
+                changed.add(position)
+        alloc.processes = rows
+    total = 0
+    for alloc in allocs:
+        alloc.nproc = max(1, sum(1 for p in alloc.processes if not p.get("removed")))
+        total += sum(1 for p in alloc.processes if not p.get("removed"))
+        alloc.save(update_fields=["processes", "nproc"])
+    rnd.world_size = max(1, total)
+    rnd.save(update_fields=["world_size"])
+    for position in sorted(changed):
+        alloc = allocs[position]
+        send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
+    added = [p.index for _, p in regroup.add]
+    events.emit(
+        "ps.workers_resized",
+        f"Worker role resized in place to {count}: "
+        + (f"started worker(s) {added}" if added else f"stopping worker(s) {list(regroup.remove)}")
+        + "; the PS and the other workers run on",
+        job=job,
+        workers=count,
+        added=added,
+        removed=list(regroup.remove),
+    )
+    if regroup.remove:
+        _end_if_done(job, allocs[0], None, now)
+    return regroup

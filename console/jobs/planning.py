@@ -183,6 +183,38 @@ def with_processes(job: JobView, placements: tuple[Placement, ...]) -> tuple[Pla
     )
 
 
+@dataclass(frozen=True)
+class Regroup:
+    """A parameter-server round's worker role resized in place: processes added (by node
+    position in node-rank order) and worker indexes removed. The PS and the coordinator stay."""
+
+    add: tuple[tuple[int, Process], ...]
+    remove: tuple[int, ...]
+
+
+def regroup_workers(
+    shares: Sequence[Sequence[Process]], live: Sequence[int], free: Sequence[int], count: int
+) -> Regroup | None:
+    """How to bring the round's live workers (indexes ``live``) to ``count``: shrinking removes
+    the highest indexes; growing deals new workers (indexes and ranks after every one the round
+    has had) to the node with the most ``free`` slots, the lowest node rank first. None when the
+    round's nodes have no room for them."""
+    if count <= len(live):
+        return Regroup((), tuple(sorted(live, reverse=True)[: len(live) - count]))
+    every = [p for share in shares for p in share]
+    index = 1 + max((p.index for p in every if p.role == "worker"), default=-1)
+    rank = 1 + max((p.rank for p in every), default=-1)
+    room = list(free)
+    added: list[tuple[int, Process]] = []
+    for offset in range(count - len(live)):
+        node = max(range(len(room)), key=lambda i: (room[i], -i), default=None)
+        if node is None or room[node] <= 0:
+            return None
+        room[node] -= 1
+        added.append((node, Process("worker", index + offset, rank + offset)))
+    return Regroup(tuple(added), ())
+
+
 def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
     """``members`` plus ``candidates`` in order until there are ``target``."""
     grown = list(members)
@@ -216,6 +248,9 @@ def choose(
     if reason is RoundReason.NODE_LOSS:
         refilled = fill(survivors, snap.free_fitting(leaving), job.desired_nodes)
         return refilled if len(refilled) >= job.min_nodes else []
+    if reason is RoundReason.RESIZE and job.parameter_server and len(survivors) >= job.min_nodes:
+        # Only the PS count is resized by a new round (workers change in place): same nodes.
+        return survivors
     # RESIZE and AUTOSCALE converge on the desired count: shrinking drops the highest node ranks.
     if len(survivors) > job.desired_nodes:
         keep = survivors[: job.desired_nodes]

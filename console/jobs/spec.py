@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from console.jobs.models import Allocation, Job, Round
@@ -62,14 +64,19 @@ def ps_round(job: Job, rnd: Round, alloc: Allocation) -> protocol.PsRound:
                 coordinator = f"{host}:{process['port']}"
             elif process["role"] == "ps":
                 addresses[process["index"]] = f"{host}:{process['port']}"
-            else:
+            elif not process.get("removed"):
                 workers += 1
     return {
         "mode": str(job.roles.get("ps", {}).get("mode", "async")),
         "coordinator": coordinator,
         "addresses": [addresses[i] for i in sorted(addresses)],
         "worker_count": workers,
-        "processes": [
-            {"role": p["role"], "index": int(p["index"]), "rank": int(p["rank"])} for p in alloc.processes
-        ],
+        "processes": [_process(p) for p in alloc.processes],
     }
+
+
+def _process(row: dict[str, Any]) -> protocol.PsProcess:
+    process: protocol.PsProcess = {"role": row["role"], "index": int(row["index"]), "rank": int(row["rank"])}
+    if row.get("removed"):
+        process["removed"] = True
+    return process

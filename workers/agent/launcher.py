@@ -96,6 +96,21 @@ def survivable(spec: RoundSpec, local_rank: int) -> bool:
     return ps_role(spec, local_rank) == ps_contract.Role.WORKER
 
 
+def removed(spec: RoundSpec, local_rank: int) -> bool:
+    """A parameter-server worker the controller took out of the round (its role shrank)."""
+    processes = spec["ps"]["processes"] if "ps" in spec else []
+    return local_rank < len(processes) and bool(processes[local_rank].get("removed"))
+
+
+def regroup(spec: RoundSpec, running: int) -> tuple[list[int], set[int]]:
+    """For a round already running ``running`` local ranks, given its updated spec: the local
+    ranks to start (workers added to the end) and those to stop (workers removed)."""
+    processes = spec["ps"]["processes"] if "ps" in spec else []
+    start = [i for i in range(running, len(processes)) if not processes[i].get("removed")]
+    stop = {i for i in range(min(running, len(processes))) if processes[i].get("removed")}
+    return start, stop
+
+
 def ps_env(config: AgentConfig, spec: RoundSpec, local_rank: int) -> dict[str, str]:
     """workers/ps/contract.py's variables for a parameter-server rank. Tunables the job sets
     (TRAINYARD_PS_LEASE_S ...) stay; the process's place comes from the round."""

@@ -41,6 +41,8 @@ from workers.agent.launcher import (
     global_rank,
     rank_command,
     rank_env,
+    regroup,
+    removed,
     start_rank,
     survivable,
 )
@@ -331,6 +333,8 @@ class Supervisor(threading.Thread):
             )
             return
         if number in slot.held_rounds():
+            if slot.active is not None and slot.active.number == number and "ps" in spec:
+                self._regroup(slot.active, spec)  # or a parameter-server round's workers resized
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
@@ -385,21 +389,7 @@ class Supervisor(threading.Thread):
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             if self._pool is not None:
                 self._pool.hold(spec["nproc_per_node"])
-            starts = []
-            for local_rank in range(spec["nproc_per_node"]):
-                files = RankFiles.for_rank(self._config, spec, local_rank)
-                files.prepare()
-                command = rank_command(spec, bundle_dir, local_rank)
-                env = rank_env(self._config, spec, local_rank, files)
-                env[ENV_AGENT_SESSION] = self._session
-                handler, how = start_rank(command, env, files, local_rank, self._pool)
-                starts.append(how)
-                self._reaper.watch(handler.proc.pid)
-                rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
-                local.ranks.append(rank)
-                self._shipper.add(
-                    spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
-                )
+            starts = [self._spawn_rank(local, bundle_dir, i) for i in range(spec["nproc_per_node"])]
         except (LaunchError, OSError) as exc:
             logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
             self._fail_launch(local, str(exc))
@@ -412,6 +402,42 @@ class Supervisor(threading.Thread):
             [r.rank for r in local.ranks],
             [r.pid for r in local.ranks],
             starts,
+        )
+
+    def _spawn_rank(self, local: LocalRound, bundle_dir: Path | None, local_rank: int) -> str:
+        spec = local.spec
+        files = RankFiles.for_rank(self._config, spec, local_rank)
+        files.prepare()
+        command = rank_command(spec, bundle_dir, local_rank)
+        env = rank_env(self._config, spec, local_rank, files)
+        env[ENV_AGENT_SESSION] = self._session
+        handler, how = start_rank(command, env, files, local_rank, self._pool)
+        self._reaper.watch(handler.proc.pid)
+        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
+        local.ranks.append(rank)
+        self._shipper.add(
+            spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
+        )
+        return how
+
+    def _regroup(self, local: LocalRound, spec: RoundSpec) -> None:
+        """A parameter-server round's worker role resized in place (launcher.regroup says what
+        starts and stops); the other ranks run on untouched."""
+        local.spec = spec
+        if local.state is not RoundState.RUNNING or local.stop_reason:
+            return  # not spawned yet (it will use the new spec), or on its way out
+        start, stop = regroup(spec, len(local.ranks))
+        for rank in local.ranks:
+            if rank.local_rank in stop and rank.state == RankState.RUNNING:
+                _killpg(rank.pid, signal.SIGTERM)
+        try:
+            bundle_dir = fetch_bundle(self._config, spec) if start else None  # cached by now
+            for local_rank in start:
+                self._spawn_rank(local, bundle_dir, local_rank)
+        except (LaunchError, OSError) as exc:
+            logger.error("job %s round %s: cannot start more workers: %s", local.job_id, local.number, exc)
+        logger.info(
+            "job %s round %s regrouped: started %s, stopping %s", local.job_id, local.number, start, stop
         )
 
     def _fail_launch(self, local: LocalRound, message: str) -> None:
@@ -510,7 +536,7 @@ class Supervisor(threading.Thread):
         self._reaper.forget(rank.pid)
         rank.handler.close_files()
         self._shipper.finish(local.job_id, local.number, rank.rank)
-        if local.stop_reason:
+        if local.stop_reason or removed(local.spec, rank.local_rank):
             rank.state = RankState.STOPPED
             return
         teardown = ""
