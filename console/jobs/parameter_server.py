@@ -155,3 +155,34 @@ def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
     if regroup.remove:
         _end_if_done(job, allocs[0], None, now)
     return regroup
+
+
+def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:
+    """What the job page shows of each role: the count asked for, the processes of the current
+    round still running (a worker that ended or was removed is not) and where they run."""
+    where: dict[str, dict[str, list[int]]] = {"ps": {}, "worker": {}}
+    if rnd is not None and rnd.ended_at is None:
+        for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
+            ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+            for local_rank, process in enumerate(alloc.processes):
+                role = "ps" if process["role"] == "coordinator" else process["role"]
+                if process.get("removed") or local_rank in ended or process["role"] == "coordinator":
+                    continue
+                where[role].setdefault(alloc.node.name, []).append(int(process["index"]))
+    rows = []
+    for role in ("ps", "worker"):
+        spec = job.roles.get(role, {})
+        placed = where[role]
+        rows.append(
+            {
+                "role": role,
+                "count": spec.get("count", 0),
+                "range": f"{spec['min']}..{spec['max']}" if role == "worker" else "",
+                "mode": spec.get("mode", "") if role == "ps" else "",
+                "running": sum(len(v) for v in placed.values()),
+                "where": "; ".join(
+                    f"{node}: {', '.join(map(str, sorted(ix)))}" for node, ix in placed.items()
+                ),
+            }
+        )
+    return rows
