@@ -5,12 +5,14 @@
     trainyard submit job.yaml [--set nproc_per_node=2] [--bundle ./src]
     trainyard ls [--state RUNNING]      trainyard show 12
     trainyard scale 12 3                trainyard restart 12       trainyard stop 12
+    trainyard scale 12 4 --role worker  (a parameter_server job: resize its worker or ps role)
     trainyard logs 12 [--rank 0] [-f]   trainyard metrics 12 [--name loss] [--follow]
     trainyard nodes                     trainyard top
 
 The job spec file (YAML or JSON) has the API's fields: name, workload or entrypoint + args
 (+ bundle or workdir), nnodes ("2" or "2:4"), nproc_per_node, gpus_per_proc, strategy,
-precision, grad_accum_steps, max_restarts, priority, env, hyperparameters.
+precision, grad_accum_steps, max_restarts, priority, env, hyperparameters, and for
+``strategy: parameter_server`` its roles: ``roles: {ps: {count: 2}, worker: {count: 3, min: 1, max: 8}}``.
 
 Credentials live in ~/.config/trainyard/config.json (mode 600); TRAINYARD_URL and
 TRAINYARD_TOKEN override them.
@@ -309,7 +311,8 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def cmd_scale(args: argparse.Namespace) -> None:
-    job = Console.from_config().post(f"jobs/{args.job}/resize/", {"nodes": args.nodes})
+    body = {"role": args.role, "count": args.nodes} if args.role else {"nodes": args.nodes}
+    job = Console.from_config().post(f"jobs/{args.job}/resize/", body)
     print(
         f"Job {job['id']}: {job['state']}, round {job['round']}, world {job['world_size']} on {','.join(job['nodes']) or '-'}"
     )
@@ -423,9 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("scale", help="resize a job to N nodes")
+    p = sub.add_parser("scale", help="resize a job to N nodes (or a parameter_server role to N processes)")
     p.add_argument("job", type=int)
-    p.add_argument("nodes", type=int)
+    p.add_argument("nodes", type=int, help="nodes, or with --role the role's process count")
+    p.add_argument("--role", choices=["worker", "ps"], help="resize this role of a parameter_server job")
     p.set_defaults(func=cmd_scale)
 
     for name, func, text in (
