@@ -230,6 +230,7 @@ def test_the_agent_starts_added_workers_and_stops_removed_ones() -> None:
             {"role": "worker", "index": 3, "rank": 6},
         ]
     )
-    assert launcher.regroup(round_spec, running=2) == ([2], {1})
-    assert launcher.regroup(round_spec, running=3) == ([], {1})
+    assert launcher.regroup(round_spec, {0, 1}) == ([2], {1})
+    assert launcher.regroup(round_spec, {0, 1, 2}) == ([], {1})
+    assert launcher.regroup(round_spec, {0, 2}) == ([], set())  # started without the removed one
     assert launcher.removed(round_spec, 1) and not launcher.removed(round_spec, 2)

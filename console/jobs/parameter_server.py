@@ -113,7 +113,9 @@ def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
         running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
         shares.append(share)
         live += [p["index"] for p in running if p["role"] == "worker"]
-        free.append(free_slots[alloc.node_id].free_slots - len(running))
+        # A host whose part of the round has ended (all its workers done) has closed it: no new
+        # ranks start there in this round.
+        free.append(free_slots[alloc.node_id].free_slots - len(running) if alloc.is_live else 0)
     regroup = regroup_workers(shares, live, free, count)
     if regroup is None:
         raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")

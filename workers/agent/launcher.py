@@ -102,12 +102,12 @@ def removed(spec: RoundSpec, local_rank: int) -> bool:
     return local_rank < len(processes) and bool(processes[local_rank].get("removed"))
 
 
-def regroup(spec: RoundSpec, running: int) -> tuple[list[int], set[int]]:
-    """For a round already running ``running`` local ranks, given its updated spec: the local
-    ranks to start (workers added to the end) and those to stop (workers removed)."""
+def regroup(spec: RoundSpec, started: set[int]) -> tuple[list[int], set[int]]:
+    """For a round whose local ranks ``started`` were started, given its updated spec: the local
+    ranks to start (workers added) and those to stop (workers removed)."""
     processes = spec["ps"]["processes"] if "ps" in spec else []
-    start = [i for i in range(running, len(processes)) if not processes[i].get("removed")]
-    stop = {i for i in range(min(running, len(processes))) if processes[i].get("removed")}
+    start = [i for i, p in enumerate(processes) if i not in started and not p.get("removed")]
+    stop = {i for i in started if i < len(processes) and processes[i].get("removed")}
     return start, stop
 
 

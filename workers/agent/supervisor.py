@@ -389,7 +389,11 @@ class Supervisor(threading.Thread):
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             if self._pool is not None:
                 self._pool.hold(spec["nproc_per_node"])
-            starts = [self._spawn_rank(local, bundle_dir, i) for i in range(spec["nproc_per_node"])]
+            starts = [
+                self._spawn_rank(local, bundle_dir, i)
+                for i in range(spec["nproc_per_node"])
+                if not removed(spec, i)  # a resized round sent again (sync, agent restart)
+            ]
         except (LaunchError, OSError) as exc:
             logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
             self._fail_launch(local, str(exc))
@@ -426,7 +430,7 @@ class Supervisor(threading.Thread):
         local.spec = spec
         if local.state is not RoundState.RUNNING or local.stop_reason:
             return  # not spawned yet (it will use the new spec), or on its way out
-        start, stop = regroup(spec, len(local.ranks))
+        start, stop = regroup(spec, {rank.local_rank for rank in local.ranks})
         for rank in local.ranks:
             if rank.local_rank in stop and rank.state == RankState.RUNNING:
                 _killpg(rank.pid, signal.SIGTERM)
