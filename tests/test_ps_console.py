@@ -1,7 +1,8 @@
 """A parameter-server job run by the console end to end: a real controller, two real agents,
 the PS runtime's coordinator, PS and workers started by the agents with their roles. A worker
-SIGKILLed mid-run costs nothing but its shard: the job succeeds in its first round, with the
-same PS processes throughout."""
+SIGKILLed mid-run costs nothing but its shard and a worker added by a resize joins the same
+round, with the same PS processes throughout; a PS SIGKILLed is a rank failure: the next round's
+PS resume from their checkpoints and the job succeeds."""
 
 from __future__ import annotations
 
@@ -186,9 +187,13 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
             "--sleep",
             "0.2",
         ],
-        "env": {"TRAINYARD_PS_LEASE_S": "2", "TRAINYARD_PS_STATS_EVERY_S": "1"},
+        "env": {
+            "TRAINYARD_PS_LEASE_S": "2",
+            "TRAINYARD_PS_STATS_EVERY_S": "1",
+            "TRAINYARD_PS_CHECKPOINT_EVERY_S": "1",
+        },
         "grace_period": 10,
-        "max_restarts": 0,
+        "max_restarts": 1,
     }
     response = cluster.api.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.content
@@ -207,9 +212,7 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
     assert roles == [("coordinator", 0), ("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
 
     # When worker 1 is SIGKILLed mid-run
-    victim = next(
-        p for p in processes(cluster, "ps_count_worker.py") if p.environ().get("TRAINYARD_PS_INDEX") == "1"
-    )
+    victim = psutil.Process(json.loads(firsts[1].read_text())["pid"])
     os.kill(victim.pid, signal.SIGKILL)
 
     # Then the controller hears of the loss while the PS, the coordinator and worker 0 run on
@@ -237,20 +240,35 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
     job.refresh_from_db()
     assert job.round_number == 1 and all(p.is_running() for p in servers), cluster.diagnose(job)
 
-    # And the job succeeds in its first round once workers 0 and 2 have done the rest of the
-    # data, with the same PS processes throughout; their stop at the end is the job's
+    # When PS 0 is then SIGKILLed (it has checkpointed: TRAINYARD_PS_CHECKPOINT_EVERY_S=1)
+    port = next(
+        p["port"] for a in rnd.allocations.all() for p in a.processes if p["role"] == "ps" and p["index"] == 0
+    )
+    (ps0,) = [
+        p
+        for p in servers
+        if any(c.laddr.port == port for c in p.net_connections("tcp") if c.status == "LISTEN")
+    ]
+    os.kill(ps0.pid, signal.SIGKILL)
+
+    # Then that is a rank failure: round 2 (failure) on the same nodes, its PS 0 restored from its
+    # checkpoint, and the job succeeds there with the worker role as resized (2 workers)
     job = cluster.wait_state(job, JobState.SUCCEEDED, JobState.FAILED, timeout=180)
     assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
-    assert (job.round_number, job.restarts) == (1, 0)
-    assert job.events.get(kind="job.succeeded").message == "Succeeded in round 1: 2 of 3 worker(s) finished"
-    assert not Path(str(summary).replace("{index}", "1")).exists(), "worker 1 finished before it was killed"
-    for index in (0, 2):
-        done = json.loads(Path(str(summary).replace("{index}", str(index))).read_text())
-        assert not done["left_early"] and done["examples"] > 0
-    exits = [e for a in job.rounds.get().allocations.all() for e in a.exit_info.get("exits", [])]
-    assert sorted(e["rank"] for e in exits) == sorted(p["rank"] for p in rnd_workers(job)), exits
-    wait_for(lambda: not any(p.is_running() for p in servers), timeout=30, message="servers stopped")
-
-
-def rnd_workers(job: Job) -> list[dict[str, int]]:
-    return [p for a in job.rounds.get().allocations.all() for p in a.processes if p["role"] == "worker"]
+    assert (job.round_number, job.restarts) == (2, 1)
+    failure = job.events.get(kind="rank.failed").data["cause"]
+    assert failure["signal"] == "SIGKILL" and failure["round"] == 1
+    second = job.rounds.get(number=2)
+    assert second.reason == "failure"
+    workers = sorted(
+        p["index"] for a in second.allocations.all() for p in a.processes if p["role"] == "worker"
+    )
+    assert workers == [0, 1]
+    assert job.events.get(kind="job.succeeded").message == "Succeeded in round 2: 2 of 2 worker(s) finished"
+    restored = [
+        path.read_text()
+        for path in cluster.root.glob(f"agents/*/rounds/job-{job.pk}/round-2/rank-*/stdout.log")
+        if "PS 0/2: restored version" in path.read_text()
+    ]
+    assert restored, "PS 0 did not restore its checkpoint in round 2"
+    wait_for(lambda: not any(p.is_running() for p in servers), timeout=30, message="round 1's servers gone")

@@ -60,7 +60,9 @@ def main() -> int:
             loss.backward()
         if ps.pushes == 1:
             with open(args.summary + ".first", "w") as handle:
-                json.dump({"started_at": started, "first_push_at": ps.first_push_at}, handle)
+                json.dump(
+                    {"started_at": started, "first_push_at": ps.first_push_at, "pid": os.getpid()}, handle
+                )
         if args.sleep:
             time.sleep(args.sleep)
         if stop:
