@@ -15,10 +15,11 @@ from typing import Any
 
 import psutil
 import pytest
+from django.utils import timezone
 
 from console.cluster.models import Node
 from console.core.states import JobState
-from console.jobs import actions, reports, scheduler
+from console.jobs import actions, failures, reports, scheduler
 from console.jobs.models import Job
 from tests.support.cluster import HEARTBEAT, Cluster
 from tests.support.controller import wait_for
@@ -105,6 +106,17 @@ def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) 
     failed = decide(reports.rank_exited, "b", job.pk, 1, worker_exit(0, 1, code=None, signal="SIGKILL"))
     assert failed.kinds() == ["rank.failed"]
     assert job.rounds.get().awaiting_settlement
+    # Once a is heard from, the failure is charged: round 2 on the same nodes, every process in its place
+    Node.objects.filter(name="a").update(last_heartbeat=timezone.now())
+    restarted = decide(failures.settle_failed_rounds)
+    assert restarted.kinds() == ["round.failure"]
+    job.refresh_from_db()
+    assert (job.round_number, job.restarts) == (2, 1)
+    layout = {
+        a.node.name: [(p["role"], p["index"]) for p in a.processes]
+        for a in job.rounds.get(number=2).allocations.all()
+    }
+    assert layout == {"a": [("coordinator", 0), ("ps", 1)], "b": [("ps", 0), ("worker", 0)]}
 
     other = ps_job(workers=1)
     Node.objects.update(slots=6)

@@ -226,7 +226,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Allocation
-        fields = ["node", "node_rank", "nproc", "gpu_indices", "state", "exit_info"]
+        fields = ["node", "node_rank", "nproc", "gpu_indices", "state", "exit_info", "processes"]
 
 
 class RoundSerializer(serializers.ModelSerializer):
