@@ -21,7 +21,9 @@ def beat(node: str, job: Job, number: int, state: str, ranks: list[protocol.Rank
         "last_step": 40,
         "first_step_at": None,
     }
-    registry.heartbeat(node, f"session-{node}", {"cpu_percent": 1.0, "memory_percent": 1.0}, [status])
+    registry.heartbeat(
+        node, f"session-{node}", {"cpu_percent": 1.0, "memory_percent": 1.0, "gpus": []}, [status]
+    )
 
 
 def rank(state: str, rank: int = 0) -> protocol.RankStatus:
