@@ -65,6 +65,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Daphne serves no static files; WhiteNoise serves frontend/ and the admin's assets.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A request that meets a PostgreSQL restart waits for it (console/core/dbwait.py).
+    "console.core.dbwait.DatabaseWaitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -171,6 +173,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# A task taken but not acknowledged (acks_late: its worker died, or lost the broker midway) is
+# delivered again after this many seconds; Redis's default is an hour. Every task is short and
+# safe to run twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": envint("TRAINYARD_BROKER_VISIBILITY_TIMEOUT", 120, minimum=10)
+}
+
+# How long a web request waits for an unreachable database before it answers 503.
+DB_WAIT_SECONDS = envfloat("TRAINYARD_DB_WAIT_SECONDS", 15.0)
 
 # Controller timing. Agents heartbeat every HEARTBEAT_INTERVAL seconds; a node that misses
 # HEARTBEAT_MISSES of them in a row is LOST.

@@ -43,6 +43,9 @@ def make_celery_app(config: AgentConfig) -> Celery:
         result_serializer="json",
         task_ignore_result=True,
         task_acks_late=True,
+        # An unacknowledged command (the agent lost the broker midway) comes back after 2
+        # minutes, not Redis's default hour; every command is safe to apply twice.
+        broker_transport_options={"visibility_timeout": 120},
         worker_prefetch_multiplier=1,
         task_default_queue=protocol.node_queue(config.name),
         broker_connection_retry_on_startup=True,
