@@ -110,6 +110,7 @@ def run_agent(config: AgentConfig) -> int:
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
     supervisor = Supervisor(config, session, control, shipper, reaper, pool if config.warm_pool else None)
     register_tasks(app, supervisor)
+    shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
     heartbeat = Heartbeat(config.heartbeat, control, supervisor)
