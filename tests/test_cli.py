@@ -64,7 +64,7 @@ def test_cli_round_trip(console_url: str, tmp_path: Path) -> None:
     job.refresh_from_db()
     assert job.desired_nodes == 3
     refused = run_cli(tmp_path, "scale", str(job.pk), "9")
-    assert refused.returncode == 1 and "outside 2..4" in refused.stderr
+    assert refused.returncode == 5 and "outside 2..4" in refused.stderr
 
     stopped = run_cli(tmp_path, "stop", str(job.pk))
     assert stopped.returncode == 0 and "STOPPED" in stopped.stdout
@@ -76,9 +76,9 @@ def test_cli_round_trip(console_url: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nworkload: digits-mlp\nentrypoint: x.py\n")
     invalid = run_cli(tmp_path, "submit", str(bad))
-    assert invalid.returncode == 1 and "workload" in invalid.stderr and "Traceback" not in invalid.stderr
+    assert invalid.returncode == 5 and "workload" in invalid.stderr and "Traceback" not in invalid.stderr
     missing = run_cli(tmp_path, "show", "999999")
-    assert missing.returncode == 1 and "404" in missing.stderr
+    assert missing.returncode == 3 and "404" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_login_again_replaces_the_token_and_logout_revokes_it(console_url: str, tmp_path: Path) -> None:
@@ -102,12 +102,12 @@ def test_login_again_replaces_the_token_and_logout_revokes_it(console_url: str, 
 
 def test_cli_without_login_says_how_to_log_in(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "ls")
-    assert result.returncode == 1
+    assert result.returncode == 4
     assert "trainyard login" in result.stderr
 
 
 def test_wrong_password_is_refused(console_url: str, tmp_path: Path) -> None:
     User.objects.create_user("cli-user", password="something-else-1")
     result = run_cli(tmp_path, "login", "--url", console_url, "--username", "cli-user")
-    assert result.returncode == 1 and "wrong username or password" in result.stderr
+    assert result.returncode == 4 and "wrong username or password" in result.stderr
     assert not (tmp_path / "config.json").exists()
