@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -194,13 +195,40 @@ def tokens(json_flag: JsonOption = False, output: OutputOption = None) -> None:
 # --- jobs ----------------------------------------------------------------------------------------
 
 
+class SpecLoader(yaml.SafeLoader):
+    """YAML as people write job specs: ``nnodes: 2:4`` is the string "2:4" (YAML 1.1 reads it as
+    the base-60 number 124) and ``lr: 1e-3`` is a number (YAML 1.1 wants a dot: "1.0e-3")."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+SpecLoader.add_implicit_resolver(
+    _INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
+)
+SpecLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=SpecLoader)
+
+
 def load_spec(path: str, overrides: list[str]) -> dict[str, Any]:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as exc:
         raise CliError(f"Cannot read {path}: {exc.strerror}", Exit.USAGE) from None
     try:
-        spec = yaml.safe_load(text)
+        spec = parse_yaml(text)
     except yaml.YAMLError as exc:
         problem = " ".join(str(exc).split())
         raise CliError(f"{path} is not valid YAML: {problem}", Exit.INVALID) from None
@@ -217,7 +245,7 @@ def load_spec(path: str, overrides: list[str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise CliError(f"--set {item!r}: {part} is not a mapping", Exit.USAGE)
             target = child
-        target[leaf] = yaml.safe_load(value)
+        target[leaf] = parse_yaml(value)
     return spec
 
 

@@ -10,6 +10,7 @@ them. As in git, nothing inside an excluded directory can be re-included.
 
 from __future__ import annotations
 
+import gzip
 import os
 import tarfile
 import tempfile
@@ -123,7 +124,13 @@ def build_bundle(
     os.close(fd)
     bundle = Bundle(Path(name))
     try:
-        with tarfile.open(bundle.path, mode="w:gz", compresslevel=6) as archive:
+        # gzip header without a time or a name, members in sorted order, owners cleared: the
+        # same files make the same bytes, which the console stores once (content-addressed).
+        with (
+            bundle.path.open("wb") as raw,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed,
+            tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive,
+        ):
             for current, dirs, files in os.walk(root):
                 here = Path(current)
                 prefix = here.relative_to(root).as_posix()
@@ -152,13 +159,19 @@ def build_bundle(
                             "unpacked; leave out data with .gitignore, .trainyardignore or --exclude.",
                             Exit.INVALID,
                         )
-                    archive.add(path, arcname=relative, recursive=False)
+                    archive.add(path, arcname=relative, recursive=False, filter=anonymous)
                     if on_file is not None:
                         on_file(relative, size)
     except BaseException:
         bundle.path.unlink(missing_ok=True)
         raise
     return bundle
+
+
+def anonymous(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    member.uid = member.gid = 0
+    member.uname = member.gname = ""
+    return member
 
 
 def human(size: float) -> str:
