@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 import tarfile
@@ -21,6 +22,7 @@ from console.cluster.models import Node
 from console.core.states import JobState
 from console.jobs.bundles import bundle_path
 from console.jobs.models import Bundle, Job
+from console.telemetry.models import LogLine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,6 +50,27 @@ def run_cli(home: Path, *args: str, stdin: str | None = None) -> subprocess.Comp
         text=True,
         timeout=60,
     )
+
+
+def run_on_terminal(home: Path, *args: str) -> tuple[int, str]:
+    """Runs the CLI with its output on a pseudo-terminal; returns its exit code and what it drew."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TRAINYARD_CONFIG": str(home / "config.json"), "COLUMNS": "120", "TERM": "xterm"}
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "trainyard"), *args], env=env, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(leader)
+    return process.wait(timeout=60), drawn.decode(errors="replace")
 
 
 def write(root: Path, relative: str, data: bytes = b"x") -> None:
@@ -105,6 +128,12 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     )
     assert as_json.returncode == 0, as_json.stderr
     assert Job.objects.get(pk=json.loads(as_json.stdout)["id"]).bundle_id == job.bundle_id  # same content
+    (src / "weights.bin").unlink()
+    write(src, "lib/more.py", os.urandom(64 * 1024))
+    code, drawn = run_on_terminal(tmp_path, "bundle", str(src))
+    assert code == 0, drawn
+    assert "Uploading" in drawn and "KB" in drawn  # the progress bar, on a terminal only
+    assert "Uploading" not in run_cli(tmp_path, "bundle", str(src)).stderr
 
     listing = run_cli(tmp_path, "ls")
     assert listing.returncode == 0 and "from-cli" in listing.stdout and "PENDING" in listing.stdout
@@ -121,6 +150,26 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     stopped = run_cli(tmp_path, "stop", str(job.pk))
     assert stopped.returncode == 0 and "STOPPED" in stopped.stdout
     assert Job.objects.get(pk=job.pk).state == JobState.STOPPED
+
+    now = timezone.now()
+    LogLine.objects.bulk_create(
+        LogLine(job=job, round_number=1, rank=r, stream="stdout", seq=s, text=f"r{r} line {s}", time=now)
+        for r in (0, 1)
+        for s in range(5)
+    )
+    tail = run_cli(tmp_path, "logs", str(job.pk), "--rank", "1", "--tail", "2")
+    assert tail.returncode == 0 and tail.stdout.splitlines() == ["[1] r1 line 3", "[1] r1 line 4"]
+    # Following a finished job's stream prints its lines and ends by itself.
+    followed = run_cli(tmp_path, "logs", str(job.pk), "-f", "--json", "--grep", "line 4")
+    assert followed.returncode == 0, followed.stderr
+    assert [(line["rank"], line["text"]) for line in map(json.loads, followed.stdout.splitlines())] == [
+        (0, "r0 line 4"),
+        (1, "r1 line 4"),
+    ]
+    assert run_cli(tmp_path, "logs", "999999", "-f").returncode == 3
+    kinds = {e["kind"] for e in json.loads(run_cli(tmp_path, "events", str(job.pk), "--json").stdout)}
+    assert "job.submitted" in kinds, kinds
+    assert json.loads(run_cli(tmp_path, "checkpoints", str(job.pk), "--json").stdout) == []
 
     nodes = run_cli(tmp_path, "nodes")
     assert nodes.returncode == 0 and "gpu-01" in nodes.stdout
@@ -165,6 +214,15 @@ def test_login_again_replaces_the_token_and_logout_revokes_it(console_url: str, 
 
     tokens = run_cli(tmp_path, "tokens", "--json")
     assert tokens.returncode == 0 and [t["id"] for t in json.loads(tokens.stdout)] == [second.pk]
+
+    # Signing in here as someone else revokes the token the first login stored (no name clash
+    # makes the console replace it).
+    User.objects.create_user("other-user", password="pw-cli-user-1")
+    other = run_cli(tmp_path, "login", "--url", console_url, "--username", "other-user")
+    assert other.returncode == 0 and "previous CLI token is revoked" in other.stderr, other.stderr
+    second.refresh_from_db()
+    assert second.revoked
+    second = ApiToken.objects.get(user__username="other-user", revoked=False)
 
     out = run_cli(tmp_path, "logout")
     assert out.returncode == 0, out.stderr

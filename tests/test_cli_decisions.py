@@ -16,7 +16,7 @@ import pytest
 from tests.support.web import free_port
 from workers.cli.app import load_spec
 from workers.cli.bundle import build_bundle
-from workers.cli.client import check, follow_pages
+from workers.cli.client import check, follow_pages, sse_events
 from workers.cli.errors import CliError, Exit, exit_for_status
 
 
@@ -234,3 +234,24 @@ def test_unreachable_console_bad_config_and_usage_exit_without_traceback(tmp_pat
     assert (
         helped.returncode == 0 and "3 not found" in helped.stdout and "6 console unreachable" in helped.stdout
     )
+
+
+def test_server_sent_events_are_parsed_line_by_line() -> None:
+    stream = [
+        ": stream of job 3's log lines",
+        "",
+        "id: 7",
+        "event: line",
+        'data: {"id": 7}',
+        "",
+        ": keep-alive",
+        "",
+        "event: end",
+        'data: {"reason": "finished",',
+        'data:  "last_id": 7}',
+        "",
+    ]
+    assert list(sse_events(stream)) == [
+        ("line", '{"id": 7}', "7"),
+        ("end", '{"reason": "finished",\n "last_id": 7}', None),
+    ]

@@ -485,14 +485,6 @@ def stop(job: JobId, json_flag: JsonOption = False, output: OutputOption = None)
     job_action(f"jobs/{job}/stop/", None, wants_json(json_flag, output))
 
 
-def follow(fetch: Callable[[], bool], enabled: bool) -> None:
-    """Calls ``fetch`` once, or (following) until it returns False or Ctrl-C."""
-    more = fetch()
-    while enabled and more:
-        time.sleep(FOLLOW_INTERVAL)
-        more = fetch()
-
-
 @app.command()
 def logs(
     job: JobId,
@@ -505,26 +497,35 @@ def logs(
     json_flag: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     output: OutputOption = None,
 ) -> None:
-    """A job's log lines."""
+    """A job's log lines; with -f, new ones as they come until the job ends (a live stream)."""
     session = console()
     as_json = wants_json(json_flag, output)
-    after: int | None = None
 
-    def fetch() -> bool:
-        nonlocal after
-        body = session.get(
-            f"jobs/{job}/logs/", rank=rank, q=grep, after=after, limit=tail if after is None else 1000
-        )
-        for line in body["lines"]:
-            if as_json:
-                sys.stdout.write(json.dumps(line) + "\n")
-            else:
-                sys.stdout.write(f"[{line['rank']}] {line['text']}\n")
+    def emit(line: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(line) + "\n" if as_json else f"[{line['rank']}] {line['text']}\n")
+
+    if not follow_:
+        for line in session.get(f"jobs/{job}/logs/", rank=rank, q=grep, limit=tail)["lines"]:
+            emit(line)
         sys.stdout.flush()
-        after = body["last_id"] if body["last_id"] is not None else after
-        return True
-
-    follow(fetch, follow_)
+        return
+    after: int | None = None
+    while True:
+        query = {"rank": rank, "q": grep, "after": after, "tail": tail if after is None else None}
+        for event, data, _ in session.stream_events(f"jobs/{job}/logs/stream/", query):
+            body = json.loads(data)
+            if event == "line":
+                emit(body)
+                after = body["id"]
+                sys.stdout.flush()
+            elif event == "end":
+                after = body.get("last_id", after)
+                if body.get("reason") == "finished":
+                    return
+            elif event == "error":
+                raise CliError(str(body.get("detail") or body), Exit.ERROR)
+        # The stream ended without the job finishing (its timeout, a dropped connection): resume.
+        time.sleep(FOLLOW_INTERVAL)
 
 
 @app.command()

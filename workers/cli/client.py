@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +179,20 @@ class Console:
     def all(self, path: str, limit: int | None = None, **params: Any) -> list[dict[str, Any]]:
         return list(self.pages(path, limit, **params))
 
+    def stream_events(self, path: str, params: dict[str, Any]) -> Iterator[tuple[str, str, str | None]]:
+        """The Server-Sent Events of ``path`` as they arrive (the console sends a keep-alive
+        every 15 s, so a minute of silence means the connection is lost)."""
+        try:
+            with self.http.stream(
+                "GET", self.api(path), params=clean(params), timeout=httpx.Timeout(30.0, read=60.0)
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    check(response)
+                yield from sse_events(response.iter_lines())
+        except httpx.TransportError as exc:
+            raise unreachable(self.url, exc) from None
+
     def close(self) -> None:
         self.http.close()
 
@@ -216,3 +230,28 @@ def follow_pages(
             return
         seen.add(following)
         page = fetch(following, None)
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, str, str | None]]:
+    """(event, data, id) for each Server-Sent Event in a stream's lines (comments skipped)."""
+    event, event_id = "message", None
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, "\n".join(data), event_id
+            event, data, event_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            event_id = value
+    if data:
+        yield event, "\n".join(data), event_id
