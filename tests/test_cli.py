@@ -175,6 +175,8 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     assert nodes.returncode == 0 and "gpu-01" in nodes.stdout
     assert [n["name"] for n in json.loads(run_cli(tmp_path, "nodes", "--json").stdout)] == ["gpu-01"]
     assert json.loads(run_cli(tmp_path, "show", str(job.pk), "-o", "json").stdout)["state"] == "STOPPED"
+    top = run_cli(tmp_path, "top", "--once")
+    assert top.returncode == 0 and "gpu-01" in top.stdout and "Pending" in top.stdout, top.stderr
 
     # More jobs than a page holds (500): --json lists every one, --limit stops early.
     owner = User.objects.get(username="cli-user")

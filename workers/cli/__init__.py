@@ -49,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(Exit.UNREACHABLE)
     except BrokenPipeError:
         return int(Exit.OK)
+    except OSError as error:  # the local disk or a file: not the CLI's bug
+        where = f" ({error.filename})" if error.filename else ""
+        print(f"trainyard: {error.strerror or error}{where}", file=sys.stderr)
+        return int(Exit.ERROR)
     except Exception as error:
         if os.environ.get("TRAINYARD_DEBUG"):
             raise

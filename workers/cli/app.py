@@ -39,7 +39,7 @@ from workers.cli.client import (
     write_config,
 )
 from workers.cli.errors import EXIT_CODES_HELP, CliError, Exit
-from workers.cli.output import JOB_HEADER, NODE_HEADER, err, job_rows, node_rows, out, print_json, table
+from workers.cli.output import JOB_HEADER, NODE_HEADER, err, job_rows, node_rows, out, print_json, table, when
 
 FOLLOW_INTERVAL = 1.0
 FINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -182,10 +182,10 @@ def tokens(json_flag: JsonOption = False, output: OutputOption = None) -> None:
             t["id"],
             t["name"],
             t["prefix"],
-            " ".join(t["scopes"]),
-            t["created_at"],
-            t["expires_at"] or "never",
-            t["last_used_at"],
+            ",".join(t["scopes"]),
+            when(t["created_at"]),
+            when(t["expires_at"]) or "never",
+            when(t["last_used_at"]),
         ]
         for t in items
     ]
@@ -540,7 +540,7 @@ def events(
     rows = [
         [
             e.get("seq"),
-            e.get("at"),
+            when(e.get("at")),
             e.get("severity"),
             e.get("kind"),
             e.get("round"),
@@ -567,7 +567,7 @@ def checkpoints(
             c.get("step"),
             bundles.human(c.get("size_bytes") or 0),
             c.get("blocking_ms"),
-            c.get("created_at"),
+            when(c.get("created_at")),
             c.get("path"),
         ]
         for c in items

@@ -159,7 +159,12 @@ def build_bundle(
                             "unpacked; leave out data with .gitignore, .trainyardignore or --exclude.",
                             Exit.INVALID,
                         )
-                    archive.add(path, arcname=relative, recursive=False, filter=anonymous)
+                    try:
+                        archive.add(path, arcname=relative, recursive=False, filter=anonymous)
+                    except PermissionError:
+                        raise CliError(
+                            f"Cannot read {path}; leave it out with --exclude {relative!r}", Exit.USAGE
+                        ) from None
                     if on_file is not None:
                         on_file(relative, size)
     except BaseException:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console as RichConsole
 from rich.table import Table
 
 out = RichConsole(soft_wrap=True)
+# Piped into a file or another program: tables as wide as their content, not cut at 80 columns.
+if not out.is_terminal:
+    out = RichConsole(soft_wrap=True, width=1000)
 err = RichConsole(stderr=True, soft_wrap=True)
 
 JOB_HEADER = ["ID", "NAME", "STATE", "NODES", "WORLD", "ROUND", "RESTARTS", "STEP", "ON"]
@@ -27,6 +31,17 @@ def table(rows: Iterable[Sequence[Any]], header: Sequence[str], title: str | Non
     for row in rows:
         grid.add_row(*("-" if cell is None or cell == "" else str(cell) for cell in row))
     return grid
+
+
+def when(value: Any) -> str | None:
+    """An API timestamp for people: local time to the second."""
+    if not isinstance(value, str):
+        return value
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def progress_text(job: dict[str, Any]) -> str:
@@ -69,7 +84,7 @@ def node_rows(nodes: Iterable[dict[str, Any]]) -> list[list[Any]]:
             len(n.get("gpus") or []),
             percent(n.get("cpu_percent")),
             percent(n.get("memory_percent")),
-            n.get("last_heartbeat"),
+            when(n.get("last_heartbeat")),
         ]
         for n in nodes
     ]
