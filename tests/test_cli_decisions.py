@@ -16,7 +16,7 @@ import pytest
 from tests.support.web import free_port
 from workers.cli.app import load_spec
 from workers.cli.bundle import build_bundle
-from workers.cli.client import check, follow_pages, sse_events
+from workers.cli.client import Console, check, follow_pages, sse_events
 from workers.cli.errors import CliError, Exit, exit_for_status
 
 
@@ -126,6 +126,29 @@ def test_a_non_json_error_page_is_one_line() -> None:
     with pytest.raises(CliError) as error:
         check(response)
     assert error.value.code == Exit.UNREACHABLE and "\n" not in str(error.value) and "502" in str(error.value)
+
+
+def test_a_redirect_is_an_error_naming_where_to() -> None:
+    response = httpx.Response(
+        301,
+        headers={"Location": "https://console/api/v1/jobs/"},
+        request=httpx.Request("GET", "http://console/"),
+    )
+    with pytest.raises(CliError) as error:
+        check(response)
+    assert error.value.code == Exit.ERROR and "https://console/api/v1/jobs/" in str(error.value)
+
+
+def test_next_links_are_followed_on_the_address_the_cli_uses() -> None:
+    """Behind a proxy the console may build ``next`` from its own Host; path and query are kept."""
+    console = Console("https://yard.example.com:8443/")
+    assert console.api("jobs/") == "https://yard.example.com:8443/api/v1/jobs/"
+    assert console.api("http://10.0.0.5:8000/api/v1/jobs/?cursor=abc&page_size=500") == (
+        "https://yard.example.com:8443/api/v1/jobs/?cursor=abc&page_size=500"
+    )
+    with pytest.raises(CliError) as error:
+        Console("yard.example.com")
+    assert error.value.code == Exit.USAGE
 
 
 def pages_of(items: list[int], size: int) -> dict[str, Any]:

@@ -91,6 +91,12 @@ def describe_error(response: httpx.Response) -> str:
 
 
 def check(response: httpx.Response) -> httpx.Response:
+    if response.is_redirect:
+        target = response.headers.get("Location", "?")
+        raise CliError(
+            f"The console answered with a redirect to {target}; log in with the URL it redirects to.",
+            Exit.ERROR,
+        )
     if response.status_code >= 400:
         message = describe_error(response)
         if response.status_code == 401:
