@@ -22,7 +22,7 @@ from console.cluster.models import Node
 from console.core.states import JobState
 from console.jobs.bundles import bundle_path
 from console.jobs.models import Bundle, Job
-from console.telemetry.models import LogLine
+from console.telemetry.models import LogLine, Metric
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,6 +170,20 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     kinds = {e["kind"] for e in json.loads(run_cli(tmp_path, "events", str(job.pk), "--json").stdout)}
     assert "job.submitted" in kinds, kinds
     assert json.loads(run_cli(tmp_path, "checkpoints", str(job.pk), "--json").stdout) == []
+    Metric.objects.bulk_create(
+        Metric(job=job, round_number=1, rank=0, seq=s, step=s, name="loss", value=1.0 / (s + 1), time=now)
+        for s in range(10)
+    )
+    series = json.loads(
+        run_cli(tmp_path, "metrics", str(job.pk), "--name", "loss", "--json", "--points", "2").stdout
+    )["series"]
+    assert [(b["step"], b["last_step"], b["count"]) for b in series["loss"]] == [(0, 4, 5), (5, 9, 5)]
+    followed = run_cli(
+        tmp_path, "metrics", str(job.pk), "--name", "loss", "-f", "--json", "--points", "2"
+    )  # ends: job stopped
+    assert followed.returncode == 0 and [
+        json.loads(line)["last_step"] for line in followed.stdout.splitlines()
+    ] == [4, 9]
 
     nodes = run_cli(tmp_path, "nodes")
     assert nodes.returncode == 0 and "gpu-01" in nodes.stdout

@@ -586,35 +586,55 @@ def metrics(
     json_flag: JsonOption = False,
     output: OutputOption = None,
 ) -> None:
-    """A job's metric series (with --follow, a live table of the latest values)."""
+    """A job's metric series, bucketed; with --follow, live until the job ends (a table of the
+    latest values on a terminal, new buckets as lines otherwise, JSON lines with --json)."""
     session = console()
     as_json = wants_json(json_flag, output)
-    if as_json:
-        print_json(session.get(f"jobs/{job}/metrics/", name=name, points=points))
-        return
 
-    def render() -> tuple[Any, bool]:
+    def fetch() -> tuple[dict[str, list[dict[str, Any]]], str]:
         body = session.get(f"jobs/{job}/metrics/", name=name, points=points)
-        state = session.get(f"jobs/{job}/")["state"]
-        rows = []
-        for series, buckets in sorted(body["series"].items()):
-            if buckets:
-                last = buckets[-1]
-                rows.append(
-                    [series, last.get("last_step"), last.get("mean"), last.get("min"), last.get("max")]
-                )
-        grid = table(rows, ["SERIES", "STEP", "MEAN", "MIN", "MAX"], title=f"job {job} — {state}")
-        return grid, state not in FINAL_STATES
+        return body["series"], session.get(f"jobs/{job}/")["state"]
 
-    grid, running = render()
-    if not follow_ or not out.is_terminal:
-        out.print(grid)
+    def bucket_row(series: str, bucket: dict[str, Any]) -> list[Any]:
+        steps = f"{bucket.get('step')}-{bucket.get('last_step')}"
+        return [series, steps, bucket.get("mean"), bucket.get("min"), bucket.get("max"), bucket.get("count")]
+
+    header = ["SERIES", "STEPS", "MEAN", "MIN", "MAX", "N"]
+    series, state = fetch()
+    if not follow_:
+        if as_json:
+            print_json({"job": job, "state": state, "series": series})
+        else:
+            rows = [bucket_row(n, b) for n, buckets in sorted(series.items()) for b in buckets]
+            out.print(table(rows, header, title=f"job {job} — {state}"))
         return
-    with Live(grid, console=out, refresh_per_second=4) as live:
-        while running:
+    if as_json or not out.is_terminal:
+        shown: dict[str, int] = {}
+        while True:
+            for n, buckets in sorted(series.items()):
+                for bucket in buckets:
+                    if bucket["last_step"] <= shown.get(n, -1):
+                        continue
+                    shown[n] = bucket["last_step"]
+                    if as_json:
+                        sys.stdout.write(json.dumps({"series": n, **bucket}) + "\n")
+                    else:
+                        sys.stdout.write("  ".join(str(c) for c in bucket_row(n, bucket)) + "\n")
+            sys.stdout.flush()
+            if state in FINAL_STATES:
+                return
             time.sleep(FOLLOW_INTERVAL)
-            grid, running = render()
-            live.update(grid)
+            series, state = fetch()
+
+    def latest() -> Any:
+        rows = [bucket_row(n, b[-1]) for n, b in sorted(series.items()) if b]
+        return table(rows, header, title=f"job {job} — {state} — {time.strftime('%H:%M:%S')}")
+
+    with Live(latest(), console=out, refresh_per_second=4) as live:
+        while state not in FINAL_STATES:
+            time.sleep(FOLLOW_INTERVAL)
+            series, state = fetch()
+            live.update(latest())
 
 
 # --- nodes ---------------------------------------------------------------------------------------
