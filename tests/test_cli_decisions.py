@@ -227,7 +227,11 @@ def run_trainyard(tmp_path: Path, *args: str, **env: str) -> subprocess.Complete
     trainyard = Path(sys.executable).parent / "trainyard"
     return subprocess.run(
         [str(trainyard), *args],
-        env={**os.environ, "TRAINYARD_CONFIG": str(tmp_path / "config.json"), **env},
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
+            "TRAINYARD_CONFIG": str(tmp_path / "config.json"),
+            **env,
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -250,6 +254,8 @@ def test_unreachable_console_bad_config_and_usage_exit_without_traceback(tmp_pat
     (tmp_path / "config.json").write_text("{not json")
     broken = run_trainyard(tmp_path, "nodes")
     assert broken.returncode == 1 and "not valid JSON" in broken.stderr and "Traceback" not in broken.stderr
+    relogin = run_trainyard(tmp_path, "login", "--url", url, "--token", "t")  # not stuck on the bad file
+    assert relogin.returncode == 6 and "Cannot reach" in relogin.stderr
 
     usage = run_trainyard(tmp_path, "show", "not-a-number")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr

@@ -125,7 +125,11 @@ def login(
         str | None, typer.Option(help="Sign in as this user (asks for the password).")
     ] = None,
     token: Annotated[
-        str | None, typer.Option(help="Use this API token instead of a password (made on the Tokens page).")
+        str | None,
+        typer.Option(
+            help="Use this API token instead of a password (made on the Tokens page).",
+            envvar="TRAINYARD_TOKEN",
+        ),
     ] = None,
 ) -> None:
     """Sign in: get this host's CLI token (replacing the one an earlier login made) and save it.
@@ -133,7 +137,10 @@ def login(
     The password is asked for, or read from TRAINYARD_PASSWORD.
     """
     url = url.rstrip("/")
-    saved = read_config()
+    try:
+        saved = read_config()
+    except CliError:  # a damaged config file: logging in writes a good one
+        saved = {}
     if token is None:
         user = username or typer.prompt("Username")
         password = os.environ.get("TRAINYARD_PASSWORD") or getpass.getpass("Password: ")
