@@ -3,6 +3,7 @@ answer becomes, how list pages are followed, how a spec is read."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,19 @@ def test_bundle_leaves_out_vcs_virtualenvs_caches_and_ignored_paths(tmp_path: Pa
         "sub/.gitignore",
         "sub/other.txt",
     }
+
+
+def test_bundle_dry_run_lists_what_would_go_up_without_a_console(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write(src, "train.py")
+    write(src, "data/x.bin")
+    write(src, "env/pyvenv.cfg")
+    write(src, ".gitignore", "data/\n")
+    shown = run_trainyard(tmp_path, "bundle", str(src), "--dry-run", "--json")
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["files"] == [".gitignore", "train.py"] and summary["skipped"] == ["data/", "env/"]
+    assert summary["unpacked_bytes"] == len("data/\n") + 1
 
 
 def test_bundle_nested_gitignore_is_relative_to_its_directory(tmp_path: Path) -> None:

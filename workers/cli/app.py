@@ -380,11 +380,38 @@ def submit(
 def bundle_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="The directory to upload.")],
     exclude: ExcludeOption = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would go into the bundle; upload nothing.")
+    ] = False,
     json_flag: JsonOption = False,
     output: OutputOption = None,
 ) -> None:
     """Upload DIR as a code bundle (as submit --bundle does) and print its id."""
     as_json = wants_json(json_flag, output)
+    if dry_run:
+        names: list[str] = []
+        built = bundles.build_bundle(directory, exclude or [], on_file=lambda name, size: names.append(name))
+        try:
+            compressed = built.size
+        finally:
+            built.path.unlink(missing_ok=True)
+        summary = {
+            "files": names,
+            "unpacked_bytes": built.unpacked_bytes,
+            "compressed_bytes": compressed,
+            "skipped": built.skipped,
+        }
+        if as_json:
+            print_json(summary)
+        else:
+            for name in names:
+                sys.stdout.write(name + "\n")
+            err.print(
+                f"{len(names)} files, {bundles.human(built.unpacked_bytes)} "
+                f"({bundles.human(compressed)} compressed); {bundles.skipped_summary(built.skipped)}",
+                highlight=False,
+            )
+        return
     uploaded = upload_bundle(console(), directory, exclude or [], quiet=as_json)
     if as_json:
         print_json(uploaded)
