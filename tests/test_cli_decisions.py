@@ -96,6 +96,17 @@ def test_bundle_nested_gitignore_is_relative_to_its_directory(tmp_path: Path) ->
     assert members(src) == {"a/.gitignore", "build/keep.txt"}
 
 
+def test_bad_patterns_are_skipped_in_files_and_refused_on_the_command_line(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write(src, "a.py")
+    write(src, "b.log")
+    write(src, ".gitignore", "!\n*.log\n")  # "!" alone is not a pattern; git skips it
+    assert members(src) == {".gitignore", "a.py"}
+    with pytest.raises(CliError) as error:
+        build_bundle(src, ["!"])
+    assert error.value.code == Exit.USAGE and "--exclude" in str(error.value)
+
+
 def test_bundle_refuses_a_missing_directory_and_too_many_bytes(tmp_path: Path) -> None:
     with pytest.raises(CliError) as missing:
         build_bundle(tmp_path / "nope")

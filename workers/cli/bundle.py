@@ -56,8 +56,20 @@ class Bundle:
         return self.path.stat().st_size
 
 
-def _spec(lines: Iterable[str]) -> pathspec.PathSpec | None:
-    patterns = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+def _spec(lines: Iterable[str], source: str | None = None) -> pathspec.PathSpec | None:
+    """The patterns of ``lines``. A pattern that is not valid gitignore syntax is an error naming
+    ``source`` when given (the user typed it), else skipped, as git skips it."""
+    patterns = []
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except ValueError:
+            if source is not None:
+                raise CliError(f"{source}: {line!r} is not a gitignore pattern", Exit.USAGE) from None
+            continue
+        patterns.append(line)
     return pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
 
 
@@ -74,12 +86,10 @@ class Ignore:
     def __init__(self, root: Path, excludes: Sequence[str] = ()) -> None:
         self.root = root
         self.gitignores: dict[str, pathspec.PathSpec] = {}  # "" or "sub/dir/" -> its .gitignore
-        overrides = []
         own = root / IGNORE_FILE
-        if own.is_file():
-            overrides += own.read_text(errors="replace").splitlines()
-        overrides += list(excludes)
-        self.overrides = _spec(overrides)
+        lines = own.read_text(errors="replace").splitlines() if own.is_file() else []
+        _spec(excludes, source="--exclude")  # refuses a bad pattern the user typed
+        self.overrides = _spec([*lines, *excludes])
 
     def enter(self, directory: str) -> None:
         """Reads ``directory``'s .gitignore (``directory`` is "" or "a/b/")."""
