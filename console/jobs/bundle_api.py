@@ -18,6 +18,7 @@ from rest_framework.generics import ListAPIView, RetrieveAPIView
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from console.api.auth import TokenAuthentication
 from console.api.models import Scope
@@ -27,6 +28,7 @@ from console.core.models import AuditEntry
 from console.core.roles import is_operator
 from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Bundle
+from workers.bundles import UNPACKED_FACTOR
 
 # Multipart framing around the file; a request larger than the limit plus this is refused before
 # Django reads its body.
@@ -93,6 +95,20 @@ class BundleListCreate(ListAPIView[Bundle]):
 
 def _refused(message: str) -> Response:
     return Response({"detail": message, "errors": {"file": [message]}}, status=status.HTTP_400_BAD_REQUEST)
+
+
+class BundleLimitsSerializer(serializers.Serializer):
+    max_bytes = serializers.IntegerField(help_text="Largest archive (compressed) the console accepts")
+    max_unpacked_bytes = serializers.IntegerField(help_text="Largest total of the archive's files, unpacked")
+
+
+class BundleLimits(APIView):
+    """What an upload may weigh, so a client can refuse a too-large bundle before sending it."""
+
+    @extend_schema(request=None, responses={200: BundleLimitsSerializer})
+    def get(self, request: Request) -> Response:
+        limit: int = settings.BUNDLE_MAX_BYTES
+        return Response({"max_bytes": limit, "max_unpacked_bytes": limit * UNPACKED_FACTOR})
 
 
 class BundleDetail(RetrieveAPIView[Bundle]):
