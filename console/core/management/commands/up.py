@@ -40,6 +40,7 @@ from console.core.embedded import (
     redis_server_binary,
     wait_until,
 )
+from console.core.env import secret
 from console.core.supervisor import ChildSpec, GaveUp, Supervisor
 
 # The agent stops its rank processes on SIGTERM (they get their own grace period), so it is
@@ -249,9 +250,12 @@ class Console:
         python = sys.executable
         # Agents fetch code bundles from the web process this supervisor starts.
         sup.env.setdefault("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{self.port}")
-        # The token goes by environment (the agent reads TRAINYARD_NODE_TOKEN), not argv, where
-        # every local user could read it in `ps`.
-        sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN
+        # A single-machine console opts in to the shared node token (console/cluster/tokens.py):
+        # its own agent needs no enrolment. The token goes by environment (the agent reads
+        # TRAINYARD_NODE_TOKEN), not argv, where every local user could read it in `ps`.
+        sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN or secret(
+            "TRAINYARD_NODE_TOKEN", self.home / "node_token"
+        )
         sup.start(
             ChildSpec(
                 "web",
