@@ -178,7 +178,12 @@ def test_bundle_downloads_need_a_node_that_runs_the_bundle(
     bundle = store_bundle(SimpleUploadedFile("b.tar.gz", archive), operator)
     job = Job.objects.create(name="j", bundle=bundle, entrypoint="train.py", min_nodes=1, max_nodes=1)
     node = Node.objects.create(name="node-a")
-    Allocation.objects.create(round=Round.objects.create(job=job, number=1, world_size=1, master_port=29500), node=node, node_rank=0, nproc=1)
+    Allocation.objects.create(
+        round=Round.objects.create(job=job, number=1, world_size=1, master_port=29500),
+        node=node,
+        node_rank=0,
+        nproc=1,
+    )
     own, other = enrolled("node-a"), enrolled("node-b")
     url = f"/api/v1/bundles/{bundle.sha256}/archive/"
 
