@@ -357,6 +357,22 @@ class Console:
             str(self.home / "checkpoints"),
         ]
         sup.say(f"another agent on this machine:\n  {token_env} {shlex.join(agent)}")
+        # Another host gets its own credential: the shared token stays on this machine.
+        host = [
+            "python",
+            "-m",
+            "workers.agent",
+            "--name",
+            "HOST",
+            "--broker",
+            "redis://THIS-HOST:PORT/0",
+            "--console",
+            f"http://THIS-HOST:{self.port}",
+        ]
+        sup.say(
+            "another host: make a join token (admin > Join tokens, or POST /api/v1/nodes/join-tokens/), "
+            f"then on that host:\n  TRAINYARD_JOIN_TOKEN=... {shlex.join(host)}"
+        )
         sup.say(f"Trainyard console: http://127.0.0.1:{self.port}/  (Ctrl-C stops everything)")
 
 
