@@ -81,6 +81,13 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 class JoinTokenSerializer(serializers.ModelSerializer):
     expired = serializers.BooleanField(read_only=True)
+    # Plain strings: "" (any node; not used yet) is not a slug.
+    node_name = serializers.CharField(
+        read_only=True, help_text="Only this node may enrol with it; any when empty."
+    )
+    used_by = serializers.CharField(
+        read_only=True, help_text="The node that enrolled with it; empty while unused."
+    )
 
     class Meta:
         model = JoinToken
