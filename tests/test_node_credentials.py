@@ -222,3 +222,19 @@ def test_staff_make_join_tokens_and_revoke_credentials_in_the_admin(staff: User)
     assert done.status_code == 200
     credential.refresh_from_db()
     assert credential.revoked and not tokens.agent_authorised(secret, "node-r4")
+
+
+def test_wrong_join_tokens_lock_the_address_out(settings: Any) -> None:
+    settings.AXES_FAILURE_LIMIT = 3
+    _, good = tokens.issue_join_token(None, "good")
+    agent = APIClient()
+    statuses = [
+        agent.post(
+            "/api/v1/nodes/enroll/", {"name": "n", "join_token": "tyj_guess"}, format="json"
+        ).status_code
+        for _ in range(3)
+    ]
+    assert statuses[:2] == [403, 403] and statuses[2] in (403, 429)  # the limit-th failure locks
+    locked = agent.post("/api/v1/nodes/enroll/", {"name": "n", "join_token": good}, format="json")
+    assert locked.status_code == 429 and int(locked["Retry-After"]) > 0
+    assert not NodeCredential.objects.exists()
