@@ -25,8 +25,9 @@ from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
 from tests.support.agents import AgentProcs
 from tests.support.controller import Controller, wait_for
+from tests.support.web import free_port
 from workers.agent.config import parse_config
-from workers.agent.credential import CREDENTIAL_FILE, CredentialError, resolve_credential
+from workers.agent.credential import CREDENTIAL_FILE, CredentialError, enrol, resolve_credential
 
 pytestmark = pytest.mark.cluster
 
@@ -121,6 +122,8 @@ def test_the_agent_says_how_to_enrol_when_it_has_no_credential(tmp_path: Path, m
         resolve_credential(
             parse_config(["--name", "bare", "--data-dir", str(tmp_path), "--join-token", "tyj_x"])
         )
+    with pytest.raises(CredentialError, match="cannot reach the console"):
+        enrol(f"http://127.0.0.1:{free_port()}", "bare", "tyj_x", patience=0.5)
     # Once enrolled, the stored credential wins over a join token and the shared token.
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / CREDENTIAL_FILE).write_text("tyn_kept\n")

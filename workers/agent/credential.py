@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from workers.agent.config import AgentConfig
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 CREDENTIAL_FILE = "node_credential"
 ENROL_PATH = "/api/v1/nodes/enroll/"
 ENROL_TIMEOUT_SECONDS = 30.0
+ENROL_PATIENCE_SECONDS = 120.0  # an agent started with its console (compose) waits for it this long
+ENROL_RETRY_SECONDS = 2.0
 
 
 class CredentialError(Exception):
@@ -40,7 +43,7 @@ def resolve_credential(config: AgentConfig) -> str:
             logger.info("node %s is already enrolled (%s); the join token is not used", config.name, path)
         return stored
     if config.join_token:
-        secret = enrol(config.console_url, config.name, config.join_token)
+        secret = enrol(config.console_url, config.name, config.join_token, ENROL_PATIENCE_SECONDS)
         store_credential(path, secret)
         logger.info("node %s enrolled; its credential is in %s", config.name, path)
         return secret
@@ -53,8 +56,10 @@ def resolve_credential(config: AgentConfig) -> str:
     )
 
 
-def enrol(console_url: str, name: str, join_token: str) -> str:
-    """Trades the join token for the node's own secret."""
+def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -> str:
+    """Trades the join token for the node's own secret. A console that cannot be reached or
+    answers 5xx (still starting, say) is asked again for up to ``patience`` seconds; a refusal
+    is final."""
     import requests
 
     if not console_url:
@@ -62,12 +67,21 @@ def enrol(console_url: str, name: str, join_token: str) -> str:
             "--join-token needs --console URL (TRAINYARD_CONSOLE_URL), the console's web address"
         )
     url = console_url.rstrip("/") + ENROL_PATH
-    try:
-        response = requests.post(
-            url, json={"name": name, "join_token": join_token}, timeout=ENROL_TIMEOUT_SECONDS
-        )
-    except requests.RequestException as exc:
-        raise CredentialError(f"cannot reach the console at {url} to enrol: {exc}") from exc
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            response = requests.post(
+                url, json={"name": name, "join_token": join_token}, timeout=ENROL_TIMEOUT_SECONDS
+            )
+        except requests.RequestException as exc:
+            if time.monotonic() >= deadline:
+                raise CredentialError(f"cannot reach the console at {url} to enrol: {exc}") from exc
+            logger.warning("cannot reach the console at %s to enrol (%s); trying again", url, exc)
+        else:
+            if response.status_code < 500 or time.monotonic() >= deadline:
+                break
+            logger.warning("the console at %s answered HTTP %s; trying again", url, response.status_code)
+        time.sleep(ENROL_RETRY_SECONDS)
     try:
         body = response.json()
     except ValueError:
