@@ -23,6 +23,7 @@ from console.api.models import ApiToken
 from console.cluster import tasks as cluster_tasks
 from console.cluster import tokens
 from console.cluster.models import JoinToken, Node, NodeCredential
+from console.core.env import optional_secret
 from console.core.models import AuditEntry
 from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
@@ -238,3 +239,28 @@ def test_wrong_join_tokens_lock_the_address_out(settings: Any) -> None:
     locked = agent.post("/api/v1/nodes/enroll/", {"name": "n", "join_token": good}, format="json")
     assert locked.status_code == 429 and int(locked["Retry-After"]) > 0
     assert not NodeCredential.objects.exists()
+
+
+def test_without_the_environment_there_is_no_shared_token(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TRAINYARD_NODE_TOKEN", raising=False)
+    monkeypatch.delenv("TRAINYARD_NODE_TOKEN_FILE", raising=False)
+    assert optional_secret("TRAINYARD_NODE_TOKEN") == ""  # nothing generated: opting in is explicit
+    (tmp_path / "token").write_text("from-a-file-0123456789\n")
+    monkeypatch.setenv("TRAINYARD_NODE_TOKEN_FILE", str(tmp_path / "token"))
+    assert optional_secret("TRAINYARD_NODE_TOKEN") == "from-a-file-0123456789"
+
+
+def test_the_node_list_in_the_admin_shows_each_nodes_credential(staff: User) -> None:
+    for name in ("own-1", "revoked-1", "shared-1"):
+        Node.objects.create(name=name)
+    enrolled("own-1")
+    enrolled("revoked-1")
+    tokens.revoke(NodeCredential.objects.get(node_name="revoked-1"), staff)
+    client = Client()
+    client.force_login(staff)
+    page = client.get("/admin/cluster/node/")
+    rows = {r.name: r.credential_revoked for r in page.context["cl"].result_list}
+    assert rows == {"own-1": False, "revoked-1": True, "shared-1": None}
+    assert b"shared token" in page.content and b"revoked" in page.content

@@ -7,7 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
 from console.cluster import tokens
@@ -40,6 +40,7 @@ class NodeAdmin(admin.ModelAdmin):
         "cpu_percent",
         "memory_percent",
         "last_heartbeat",
+        "credential",
     )
     list_filter = ("state", "gpus__name")
     search_fields = ("name", "hostname", "address", "gpus__name", "gpus__uuid")
@@ -59,6 +60,16 @@ class NodeAdmin(admin.ModelAdmin):
         "last_heartbeat",
         "agent_session",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        own = NodeCredential.objects.filter(node_name=OuterRef("name"))
+        return super().get_queryset(request).annotate(credential_revoked=Subquery(own.values("revoked")[:1]))
+
+    @admin.display(description="Credential")
+    def credential(self, node: Node) -> str:
+        """The node's own credential (Admin → Node credentials), or the shared token when none."""
+        revoked = getattr(node, "credential_revoked", None)
+        return "shared token" if revoked is None else ("revoked" if revoked else "own")
 
     @admin.display(description="GPUs")
     def gpu_count(self, node: Node) -> int:
