@@ -18,6 +18,7 @@ from console.core.env import (
     envfloat,
     envint,
     envlist,
+    optional_secret,
     redis_url,
     secret,
 )
@@ -37,8 +38,10 @@ DATABASES = {
 }
 REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or embedded.broker_url(TRAINYARD_HOME))
 
-# Shared secret that agents present when they register, heartbeat and fetch bundles.
-NODE_TOKEN = secret("TRAINYARD_NODE_TOKEN", TRAINYARD_HOME / "node_token")
+# The shared node token: an opt-in for a single-machine console (`bin/run` sets it for its own
+# agent). When set, it speaks for any node; "" (the default) accepts only nodes' own credentials,
+# which hosts get by enrolling with a join token (console/cluster/tokens.py).
+NODE_TOKEN = optional_secret("TRAINYARD_NODE_TOKEN")
 
 INSTALLED_APPS = [
     "daphne",

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -419,6 +420,8 @@ def main() -> int:
     create_database()
     import django
 
+    # Its controller and agents share one opted-in node token (a single-machine set-up).
+    os.environ.setdefault("TRAINYARD_NODE_TOKEN", secrets.token_urlsafe(32))
     django.setup()
     from django.core.management import call_command
 
