@@ -18,6 +18,7 @@ from console.core.env import (
     envfloat,
     envint,
     envlist,
+    optional_secret,
     redis_url,
     secret,
 )
@@ -37,8 +38,10 @@ DATABASES = {
 }
 REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or embedded.broker_url(TRAINYARD_HOME))
 
-# Shared secret that agents present when they register, heartbeat and fetch bundles.
-NODE_TOKEN = secret("TRAINYARD_NODE_TOKEN", TRAINYARD_HOME / "node_token")
+# The shared node token: an opt-in for a single-machine console (`bin/run` sets it for its own
+# agent). When set, it speaks for any node; "" (the default) accepts only nodes' own credentials,
+# which hosts get by enrolling with a join token (console/cluster/tokens.py).
+NODE_TOKEN = optional_secret("TRAINYARD_NODE_TOKEN")
 
 INSTALLED_APPS = [
     "daphne",
@@ -65,6 +68,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Daphne serves no static files; WhiteNoise serves frontend/ and the admin's assets.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A request that meets a PostgreSQL restart waits for it (console/core/dbwait.py).
+    "console.core.dbwait.DatabaseWaitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -171,6 +176,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# A task taken but not acknowledged (acks_late: its worker died, or lost the broker midway) is
+# delivered again after this many seconds; Redis's default is an hour. Every task is short and
+# safe to run twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": envint("TRAINYARD_BROKER_VISIBILITY_TIMEOUT", 120, minimum=10)
+}
+
+# How long a web request waits for an unreachable database before it answers 503.
+DB_WAIT_SECONDS = envfloat("TRAINYARD_DB_WAIT_SECONDS", 15.0)
 
 # Controller timing. Agents heartbeat every HEARTBEAT_INTERVAL seconds; a node that misses
 # HEARTBEAT_MISSES of them in a row is LOST.

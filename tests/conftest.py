@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
 from django.contrib.auth.models import Group, User
 
@@ -10,6 +13,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # SIGTERM tears fixtures down as Ctrl-C does (pytest's default SIGTERM ends it at once,
     # leaving every process a fixture started running).
     procs.unwind_on_signals()
+    # The suite's agents and controllers use the shared node token (the single-machine opt-in,
+    # console/cluster/tokens.py) unless a test enrols them; tests/test_node_credentials.py turns it off.
+    from django.conf import settings
+
+    if not settings.NODE_TOKEN:
+        settings.NODE_TOKEN = os.environ["TRAINYARD_NODE_TOKEN"] = secrets.token_urlsafe(32)
 
 
 @pytest.fixture

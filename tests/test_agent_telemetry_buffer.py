@@ -152,3 +152,80 @@ def test_shipper_buffers_through_an_outage_and_drops_only_old_metrics(relay: Rel
     )
     shipper.stop(flush_timeout=1)
     real.delete(TELEMETRY_STREAM)
+
+
+def sent_records(real: redis.Redis) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+    out: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = real.xrange(TELEMETRY_STREAM)  # type: ignore[assignment]
+    for _id, fields in entries:
+        batch = json.loads(fields[b"batch"])
+        out.extend(((batch["job_id"], batch["round"], batch["rank"]), r) for r in batch["records"])
+    return out
+
+
+def test_a_restarted_agent_ships_what_a_killed_one_left_unsent(tmp_path: Path) -> None:
+    real = redis.Redis.from_url(redis_url())
+    real.delete(TELEMETRY_STREAM)
+    rank_dir = tmp_path / "job-5" / "round-2" / "rank-1"
+    rank_dir.mkdir(parents=True)
+    telemetry, stdout, stderr = rank_dir / "telemetry.jsonl", rank_dir / "stdout.log", rank_dir / "stderr.log"
+    for path in (telemetry, stdout, stderr):
+        path.touch()
+    write_lines(telemetry, [{"kind": "metric", "step": s, "values": {"loss": 1.0}} for s in (1, 2)])
+    stdout.write_text("line one\nline two\n")
+
+    # Given an agent that tailed rank 3 and sent its first lines, then died (never stopped)
+    first = TelemetryShipper(redis_url(), "host-r")
+    first.add(5, 2, 3, telemetry, stdout, stderr)
+    first.tick()
+    assert (rank_dir / "shipping.json").exists()
+    # ... while the rank wrote more it never read (its last instant)
+    write_lines(telemetry, [{"kind": "metric", "step": 3, "values": {"loss": 0.5}}])
+    with stdout.open("a") as fh:
+        fh.write("line three\nlast words without a newline")
+
+    # When an agent starts again on the same data directory
+    second = TelemetryShipper(redis_url(), "host-r")
+    assert second.resume_unshipped(tmp_path) == 1
+    second.tick()
+
+    # Then every record has been sent, the earlier ones again under the same keys (ingest
+    # drops those), and the marker is gone so a third start sends nothing
+    sent = sent_records(real)
+    assert {key for key, _ in sent} == {(5, 2, 3)}
+    keys = [(r["kind"], r["seq"]) for _, r in sent]
+    assert sorted(set(keys)) == [
+        ("log", 1),
+        ("log", 2),
+        ("log", 3),
+        ("log", 4),
+        ("metric", 1),
+        ("metric", 2),
+        ("metric", 3),
+    ]
+    assert len(keys) == 7 + 4  # the 4 records the first agent sent are sent again
+    texts = {r["seq"]: r["text"] for _, r in sent if r["kind"] == "log"}
+    assert texts[4] == "last words without a newline"
+    assert not (rank_dir / "shipping.json").exists()
+    assert TelemetryShipper(redis_url(), "host-r").resume_unshipped(tmp_path) == 0
+    real.delete(TELEMETRY_STREAM)
+
+
+def test_a_finished_rank_loses_its_marker_once_everything_is_sent(tmp_path: Path) -> None:
+    real = redis.Redis.from_url(redis_url())
+    real.delete(TELEMETRY_STREAM)
+    telemetry, stdout, stderr = tmp_path / "telemetry.jsonl", tmp_path / "stdout.log", tmp_path / "stderr.log"
+    for path in (telemetry, stdout, stderr):
+        path.touch()
+    shipper = TelemetryShipper(redis_url(), "host-f")
+    shipper.add(6, 1, 0, telemetry, stdout, stderr)
+    stdout.write_text("hello\n")
+    shipper.tick()
+    assert (tmp_path / "shipping.json").exists()  # still tailed: more may come
+
+    shipper.finish(6, 1, 0)
+    shipper.tick()
+
+    assert not (tmp_path / "shipping.json").exists()
+    assert [r["text"] for _, r in sent_records(real)] == ["hello"]
+    real.delete(TELEMETRY_STREAM)

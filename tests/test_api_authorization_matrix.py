@@ -27,9 +27,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from console.api.models import ApiToken
+from console.cluster import tokens
 from console.cluster.models import Node
 from console.jobs.bundles import store_bundle
-from console.jobs.models import Job
+from console.jobs.models import Allocation, Job, Round
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +54,8 @@ POST   /api/v1/bundles/                    401 403 201 201  403 201 403 403  401
 *      /api/v1/bundles/                    401 403 405 405  403 405 403 403  401 401 401
 GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/bundles/{bundle}/           401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 403  401 401 401
+*      /api/v1/bundles/limits/             401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 403  401 401 200
 *      /api/v1/bundles/{sha}/archive/      401 405 405 405  403 403 403 405  401 401 405
 GET    /api/v1/jobs/                       401 200 200 200  200 403 403 403  401 401 401
@@ -85,6 +88,11 @@ GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 403  401
 *      /api/v1/jobs/{job}/metrics/ranks/   401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/nodes/                      401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/nodes/                      401 403 405 405  403 403 405 403  401 401 401
+GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 403  401 401 401
+POST   /api/v1/nodes/join-tokens/          401 403 201 201  403 403 201 201  401 401 401
+*      /api/v1/nodes/join-tokens/          401 403 405 405  403 403 405 405  401 401 401
+POST   /api/v1/nodes/enroll/               400 400 400 400  400 400 400 400  400 400 400
+*      /api/v1/nodes/enroll/               405 405 405 405  405 405 405 405  405 405 405
 GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 403  401 401 401
 GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 403  401 401 401
@@ -118,9 +126,17 @@ class Derived:
     overrides: dict[str, int] = field(default_factory=dict)
 
 
-# New kinds of caller go here, one line each, e.g. (with per-node credentials):
-#   "own_node": Derived("node", lambda w: bearer(w.node_secret), {"GET /api/v1/bundles/{sha}/archive/": 200}),
-DERIVED: dict[str, Derived] = {}
+def bearer(raw: str) -> Callable[[APIClient], None]:
+    return lambda client: client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+
+# New kinds of caller go here, one line each. "node" is the shared node token (opted in here);
+# a node's own credential answers like it except that it may download only its own jobs' bundles.
+ARCHIVE = "GET /api/v1/bundles/{sha}/archive/"
+DERIVED: dict[str, Derived] = {
+    "own_node": Derived("node", lambda w: bearer(w.node_secret), {ARCHIVE: 200}),
+    "other_node": Derived("node", lambda w: bearer(w.other_node_secret), {ARCHIVE: 403}),
+}
 
 
 def parse_matrix() -> dict[tuple[str, str], dict[str, int]]:
@@ -177,6 +193,12 @@ class World:
         )
         self.node = Node.objects.create(name="m-node", state="ONLINE")
         self.bundle = store_bundle(SimpleUploadedFile("b.tar.gz", small_archive()), self.operator)
+        # m-node runs a job of the bundle; m-other runs nothing.
+        bundled = Job.objects.create(name="m-bundled", bundle=self.bundle, entrypoint="train.py")
+        place = Round.objects.create(job=bundled, number=1, world_size=1, master_port=29500)
+        Allocation.objects.create(round=place, node=self.node, node_rank=0, nproc=1)
+        self.node_secret = tokens.enrol("m-node", tokens.issue_join_token(None, "m-node")[1])[1]
+        self.other_node_secret = tokens.enrol("m-other", tokens.issue_join_token(None, "m-other")[1])[1]
 
     def path(self, template: str) -> str:
         return template.format(
@@ -209,6 +231,8 @@ def body_for(method: str, path: str, world: World) -> dict[str, Any]:
         return {"data": {"name": "m-new", "workload": "digits-mlp"}, "format": "json"}
     if path.endswith("/resize/"):
         return {"data": {"nodes": 1}, "format": "json"}
+    if path == "/api/v1/nodes/join-tokens/":
+        return {"data": {"name": "m-join"}, "format": "json"}
     if path == "/api/v1/tokens/":
         return {"data": {"name": "m-new", "scopes": ["admin"]}, "format": "json"}
     if path == "/api/v1/auth/token/":

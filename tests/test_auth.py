@@ -18,7 +18,8 @@ pytestmark = pytest.mark.django_db
 
 # Public on purpose: signing in (the form, and the API's password-for-token exchange) and
 # resetting a forgotten password.
-PUBLIC_PREFIXES = ("accounts/", "api/v1/auth/")
+# Enrolment's proof is the join token in its body (tests/test_node_credentials.py refuses bad ones).
+PUBLIC_PREFIXES = ("accounts/", "api/v1/auth/", "api/v1/nodes/enroll/")
 # The admin has its own login and is covered by test_admin.py.
 OWN_LOGIN_PREFIXES = ("admin/",)
 

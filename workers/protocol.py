@@ -7,7 +7,7 @@ message for a round older than the one it already knows (fencing).
 Transport:
 - Controller → agent: Celery tasks on queue ``node.<name>`` (names AGENT_*), JSON kwargs.
 - Agent → controller: Celery tasks on queue ``control`` (names CONTROL_*), JSON kwargs. Every
-  one carries ``token`` (the node token) and ``node`` (the agent's name).
+  one carries ``token`` (the node's credential, workers/agent/credential.py) and ``node`` (the agent's name).
 - Telemetry: agents XADD to the Redis stream TELEMETRY_STREAM; ingest reads it with a
   consumer group and acks after its database commit.
 """
@@ -92,7 +92,7 @@ class RoundState(StrEnum):
 
 class BundleRef(TypedDict):
     sha256: str
-    url: str  # HTTP URL the agent fetches the archive from, with the node token as bearer
+    url: str  # HTTP URL the agent fetches the archive from, with the node's credential as bearer
 
 
 class PsProcess(TypedDict):

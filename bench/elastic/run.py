@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -45,7 +46,7 @@ TRAINED_STEPS = 60
 Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
 second."""
 TORCHRUN_WAIT = 25.0
-TORCHRUN_RANK_KILL_REFERENCE = 4.5  # s, kill -9 one rank under torchrun --standalone (DOMAIN.md)  # how long a torchrun case may take before it counts as "never"
+TORCHRUN_RANK_KILL_REFERENCE = 4.5  # s, kill -9 one rank under torchrun --standalone (measured on these machines)  # how long a torchrun case may take before it counts as "never"
 DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
 
 os.environ.update(
@@ -419,6 +420,8 @@ def main() -> int:
     create_database()
     import django
 
+    # Its controller and agents share one opted-in node token (a single-machine set-up).
+    os.environ.setdefault("TRAINYARD_NODE_TOKEN", secrets.token_urlsafe(32))
     django.setup()
     from django.core.management import call_command
 
@@ -470,7 +473,7 @@ def main() -> int:
         figures[f"torchrun_{key}_runs"] = results["torchrun"][key]
     # torchrun often never recovers from a rank kill here (its restart fails in gloo's
     # connectFullMesh, then hangs): the ratio is taken against the reps where it did recover,
-    # or, when none did, against its 4.5 s measured on these machines (DOMAIN.md).
+    # or, when none did, against its 4.5 s measured on these machines (measured on these machines).
     rk_ty = figures["trainyard_rank_kill_s"]
     recovered = [v for v in results["torchrun"]["rank_kill"] if v is not None]
     figures["torchrun_rank_kill_recovered"] = f"{len(recovered)} of {len(results['torchrun']['rank_kill'])}"
@@ -478,7 +481,7 @@ def main() -> int:
     basis = statistics.median(recovered) if recovered else TORCHRUN_RANK_KILL_REFERENCE
     figures["rank_kill_ratio"] = rk_ty / basis if rk_ty is not None else None
     figures["rank_kill_ratio_basis"] = (
-        "torchrun reps that recovered" if recovered else "torchrun 4.5 s (DOMAIN.md)"
+        "torchrun reps that recovered" if recovered else "torchrun 4.5 s (measured on these machines)"
     )
     print(
         f"rank kill: torchrun recovered in {figures['torchrun_rank_kill_recovered']} reps; "

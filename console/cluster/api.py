@@ -1,18 +1,22 @@
-"""REST API for nodes (/api/v1/nodes/): the inventory for everyone, drain and undrain for operators."""
+"""REST API for nodes (/api/v1/nodes/): the inventory for everyone, drain and undrain for operators,
+join tokens for operators, and enrolment (an agent trading a join token for its own credential)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers, viewsets
+from rest_framework import exceptions, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from console.api.models import Scope
-from console.cluster import actions
-from console.cluster.models import Gpu, Node
+from console.api import lockout
+from console.api.models import ApiToken, Scope
+from console.cluster import actions, tokens
+from console.cluster.models import Gpu, JoinToken, Node
+from console.core.models import AuditEntry
 from console.core.roles import is_operator
 
 
@@ -73,3 +77,133 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def undrain(self, request: Request, pk: str) -> Response:
         node = actions.undrain_node(self.get_object().pk, request.user)
         return Response(NodeSerializer(node).data)
+
+
+class JoinTokenSerializer(serializers.ModelSerializer):
+    expired = serializers.BooleanField(read_only=True)
+    # Plain strings: "" (any node; not used yet) is not a slug.
+    node_name = serializers.CharField(
+        read_only=True, help_text="Only this node may enrol with it; any when empty."
+    )
+    used_by = serializers.CharField(
+        read_only=True, help_text="The node that enrolled with it; empty while unused."
+    )
+
+    class Meta:
+        model = JoinToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "node_name",
+            "created_at",
+            "expires_at",
+            "expired",
+            "used_at",
+            "used_by",
+        ]
+        read_only_fields = fields
+
+
+class NewJoinTokenSerializer(JoinTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The join token: shown this once, never again.")
+
+    class Meta(JoinTokenSerializer.Meta):
+        fields = [*JoinTokenSerializer.Meta.fields, "token"]
+
+
+class JoinTokenRequestSerializer(serializers.Serializer):
+    name = serializers.RegexField(
+        r"^[\w.\- ]{1,64}$",
+        max_length=64,
+        error_messages={"invalid": "Use 1-64 letters, digits, spaces, '.', '-' or '_'."},
+    )
+    node_name = serializers.SlugField(
+        max_length=64, required=False, allow_blank=True, help_text="Only this node may enrol with it."
+    )
+    expires_in_hours = serializers.FloatField(
+        required=False,
+        min_value=0.01,
+        max_value=tokens.MAX_JOIN_TOKEN_HOURS,
+        help_text=f"Default: {tokens.DEFAULT_JOIN_TOKEN_HOURS}.",
+    )
+
+
+class MayManageJoinTokens(permissions.BasePermission):
+    """Operators; with an API token, ``read`` to list and ``nodes:write`` or ``admin`` to create."""
+
+    message = "Only members of the 'operator' group may manage join tokens."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not is_operator(request.user):
+            return False
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        writes = request.method not in permissions.SAFE_METHODS
+        if (
+            token is not None
+            and writes
+            and not (token.allows(Scope.NODES_WRITE) or token.allows(Scope.ADMIN))
+        ):
+            raise exceptions.PermissionDenied("This token lacks the 'nodes:write' or 'admin' scope.")
+        return True
+
+
+class JoinTokenList(APIView):
+    """One-time tokens with which a new host enrols (README: "Adding a host")."""
+
+    permission_classes = [MayManageJoinTokens]
+
+    def required_scope_for(self, request: Request) -> str | None:
+        # Creating needs nodes:write or admin, which MayManageJoinTokens checks.
+        return Scope.READ if request.method in permissions.SAFE_METHODS else None
+
+    @extend_schema(responses={200: JoinTokenSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response(JoinTokenSerializer(JoinToken.objects.all()[:200], many=True).data)
+
+    @extend_schema(request=JoinTokenRequestSerializer, responses={201: NewJoinTokenSerializer})
+    def post(self, request: Request) -> Response:
+        given = JoinTokenRequestSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        token, raw = tokens.issue_join_token(
+            request.user,
+            given.validated_data["name"],
+            given.validated_data.get("node_name", ""),
+            given.validated_data.get("expires_in_hours", tokens.DEFAULT_JOIN_TOKEN_HOURS),
+        )
+        AuditEntry.record(
+            request.user, "node.join_token_created", token, name=token.name, node=token.node_name
+        )
+        data = NewJoinTokenSerializer(token).data
+        data["token"] = raw
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class EnrolRequestSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=64, help_text="The node's name (the agent's --name).")
+    join_token = serializers.CharField(max_length=200)
+
+
+class EnrolResponseSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    secret = serializers.CharField(help_text="The node's own credential; the agent stores it.")
+
+
+class Enrol(APIView):
+    """An agent trades a join token for its node's own credential. The join token is the proof."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(request=EnrolRequestSerializer, responses={201: EnrolResponseSerializer})
+    def post(self, request: Request) -> Response:
+        lockout.check_token_lockout(request, None)
+        given = EnrolRequestSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        name = given.validated_data["name"]
+        try:
+            _, secret = tokens.enrol(name, given.validated_data["join_token"])
+        except tokens.EnrolmentRefused as refused:
+            lockout.token_failed(request, None)
+            raise exceptions.PermissionDenied(str(refused)) from None
+        return Response({"name": name, "secret": secret}, status=status.HTTP_201_CREATED)

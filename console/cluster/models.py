@@ -80,3 +80,58 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}:{self.index} {self.name}"
+
+
+class JoinToken(models.Model):
+    """A one-time token an operator creates so that a new host can enrol (console/cluster/tokens.py).
+
+    Only its hash is stored; the raw value is shown once. It expires, and is spent by the first
+    enrolment that presents it."""
+
+    name = models.CharField(max_length=64, help_text="What it is for, e.g. the host it was made for")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, db_index=True)
+    node_name = models.SlugField(
+        max_length=64, blank=True, help_text="Only this node may enrol with it; any name when empty"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.SlugField(max_length=64, blank=True, help_text="The node that enrolled with it")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at <= timezone.now()
+
+
+class NodeCredential(models.Model):
+    """A node's own secret, received at enrolment; only its hash is stored. One per node name
+    (a new enrolment replaces it); revoked, it is refused for every message and download."""
+
+    node_name = models.SlugField(max_length=64, unique=True)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField(default=timezone.now)
+    join_token = models.ForeignKey(
+        JoinToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked = models.BooleanField(default=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_refused_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a message or download with it was last refused (revoked)"
+    )
+
+    class Meta:
+        ordering = ["node_name"]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.prefix}…){' revoked' if self.revoked else ''}"

@@ -1,6 +1,6 @@
 """Controller tasks for nodes (queue "control"): agents' registration, heartbeats and shutdown.
 
-Thin: check the node token, then call one function in console/cluster/registry.py. Every task
+Thin: check the node's credential (console/cluster/tokens.py), then call one function in console/cluster/registry.py. Every task
 retries on transient errors (console/core/retry.py) and is safe to run twice.
 """
 

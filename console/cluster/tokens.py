@@ -1,27 +1,185 @@
-"""The node token: the shared secret every agent presents (tasks, bundle downloads), checked here only."""
+"""Node credentials, checked here only: every agent message (registration, heartbeats, reports,
+shutdown) and every bundle download by an agent goes through ``identify`` / ``agent_authorised``.
+
+A host enrols once with a one-time join token an operator made (admin, or
+``POST /api/v1/nodes/join-tokens/``) and receives its own secret; the console keeps hashes of
+both. A node's secret speaks for that node only, and stops working when revoked in the admin.
+The shared ``TRAINYARD_NODE_TOKEN`` (``settings.NODE_TOKEN``) is an opt-in for a single-machine
+console (``bin/run`` sets it for its own agent): when set, it speaks for any node.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+
+from console.cluster.models import JoinToken, NodeCredential
 
 log = logging.getLogger(__name__)
 
+JOIN_TOKEN_PREFIX = "tyj_"
+SECRET_PREFIX = "tyn_"
+PREFIX_LENGTH = 10
+DEFAULT_JOIN_TOKEN_HOURS = 24
+MAX_JOIN_TOKEN_HOURS = 24 * 30
+# A revoked node keeps sending heartbeats; its credential's last_refused_at is written at most this often.
+REFUSAL_NOTE_SECONDS = 60
 
-def node_token_ok(token: str | bytes | None) -> bool:
-    """True when ``token`` is the console's node token (compared in constant time)."""
-    expected = str(settings.NODE_TOKEN).encode()
-    if not token or not expected:
-        return False
-    given = token.encode() if isinstance(token, str) else token
-    return hmac.compare_digest(given, expected)
+
+def hash_secret(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Who presented a credential: one node, or (``node`` None) the shared token, any node."""
+
+    node: str | None
+    prefix: str = ""
+
+    @property
+    def shared(self) -> bool:
+        return self.node is None
+
+    def speaks_for(self, node: str) -> bool:
+        return self.node is None or self.node == node
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identity: NodeIdentity | None
+    reason: str = ""  # why there is no identity: "missing", "unknown", "revoked"
+
+
+def shared_token_ok(raw: str) -> bool:
+    """True when the shared node token is enabled (opt-in) and ``raw`` is it (constant time)."""
+    expected = str(settings.NODE_TOKEN or "").encode()
+    return bool(raw and expected) and hmac.compare_digest(raw.encode(), expected)
+
+
+def identify(token: str | bytes | None) -> Verdict:
+    """Which node a presented credential belongs to, if any."""
+    raw = token.decode(errors="replace") if isinstance(token, bytes) else (token or "")
+    if not raw:
+        return Verdict(None, "missing")
+    if shared_token_ok(raw):
+        return Verdict(NodeIdentity(None))
+    credential = NodeCredential.objects.filter(secret_hash=hash_secret(raw)).first()
+    if credential is None:
+        return Verdict(None, "unknown")
+    if credential.revoked:
+        _note_refusal(credential)
+        return Verdict(None, "revoked")
+    return Verdict(NodeIdentity(credential.node_name, credential.prefix))
 
 
 def agent_authorised(token: str | None, node: str) -> bool:
-    """A report from an agent may be acted on; one with a bad token is logged and dropped."""
-    if node_token_ok(token):
-        return True
-    log.warning("dropping a report from %r with a bad node token", node)
-    return False
+    """A message from an agent may be acted on: its credential is the claimed node's own (or the
+    shared token, when enabled). Anything else is logged and dropped."""
+    verdict = identify(token)
+    if verdict.identity is None:
+        log.warning("refusing a message from node %r: %s node credential", node, verdict.reason)
+        return False
+    if not verdict.identity.speaks_for(node):
+        log.warning(
+            "refusing a message claiming to be from node %r: it carries node %r's credential",
+            node,
+            verdict.identity.node,
+        )
+        return False
+    return True
+
+
+def _note_refusal(credential: NodeCredential) -> None:
+    now = timezone.now()
+    stale = models.Q(last_refused_at__isnull=True) | models.Q(
+        last_refused_at__lt=now - timedelta(seconds=REFUSAL_NOTE_SECONDS)
+    )
+    if NodeCredential.objects.filter(stale, pk=credential.pk).update(last_refused_at=now):
+        log.warning("refused node %r: its credential was revoked", credential.node_name)
+
+
+class EnrolmentRefused(Exception):
+    """A join token that cannot enrol this node; the message says why."""
+
+
+def issue_join_token(
+    user: Any, name: str, node_name: str = "", hours: float = DEFAULT_JOIN_TOKEN_HOURS
+) -> tuple[JoinToken, str]:
+    """A new join token and its raw value (shown once)."""
+    raw = JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = JoinToken.objects.create(
+        name=name,
+        key_hash=hash_secret(raw),
+        prefix=raw[:PREFIX_LENGTH],
+        node_name=node_name,
+        created_by=user if getattr(user, "pk", None) else None,
+        expires_at=timezone.now() + timedelta(hours=hours),
+    )
+    return token, raw
+
+
+def enrol(node_name: str, join_token: str) -> tuple[NodeCredential, str]:
+    """Spends ``join_token`` and gives ``node_name`` a new secret (replacing any it had, revoked
+    or not: the operator made a new join token for it). Raises EnrolmentRefused."""
+    from console.core.models import AuditEntry
+
+    now = timezone.now()
+    with transaction.atomic():
+        token = JoinToken.objects.select_for_update().filter(key_hash=hash_secret(join_token or "")).first()
+        if token is None:
+            raise EnrolmentRefused("Unknown join token.")
+        if token.used_at is not None:
+            raise EnrolmentRefused(f"This join token was already used (by node {token.used_by!r}).")
+        if token.expired:
+            raise EnrolmentRefused("This join token has expired; create a new one.")
+        if token.node_name and token.node_name != node_name:
+            raise EnrolmentRefused(f"This join token is for node {token.node_name!r} only.")
+        raw = SECRET_PREFIX + secrets.token_urlsafe(32)
+        credential, _ = NodeCredential.objects.update_or_create(
+            node_name=node_name,
+            defaults={
+                "secret_hash": hash_secret(raw),
+                "prefix": raw[:PREFIX_LENGTH],
+                "created_at": now,
+                "join_token": token,
+                "revoked": False,
+                "revoked_at": None,
+                "last_refused_at": None,
+            },
+        )
+        token.used_at, token.used_by = now, node_name
+        token.save(update_fields=["used_at", "used_by"])
+        AuditEntry.record_raw(
+            None,
+            "node.enrolled",
+            target_type="nodecredential",
+            target_id=str(credential.pk),
+            actor_name=f"node:{node_name}",
+            join_token=token.prefix,
+        )
+    log.info("node %r enrolled with join token %s", node_name, token.prefix)
+    return credential, raw
+
+
+def revoke(credential: NodeCredential, user: Any) -> bool:
+    """Revoke once; True when this call revoked it. The node's messages are refused from now on."""
+    from console.core.models import AuditEntry
+
+    now = timezone.now()
+    changed = NodeCredential.objects.filter(pk=credential.pk, revoked=False).update(
+        revoked=True, revoked_at=now
+    )
+    if changed:
+        credential.revoked, credential.revoked_at = True, now
+        AuditEntry.record(user, "node.credential_revoked", credential, node=credential.node_name)
+    return bool(changed)

@@ -83,6 +83,18 @@ def secret(name: str, fallback_file: Path) -> str:
     return value
 
 
+def optional_secret(name: str) -> str:
+    """A secret from NAME or from the file named by NAME_FILE; "" when neither is set."""
+    if value := os.environ.get(name):
+        return value
+    if path := os.environ.get(f"{name}_FILE"):
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={path!r} cannot be read: {exc}") from None
+    return ""
+
+
 def database_from_url(name: str, url: str) -> dict[str, Any]:
     """Django DATABASES entry for a postgres:// URL, the only engine Trainyard runs on."""
     parts = urlsplit(url)

@@ -1,7 +1,8 @@
 """REST API for code bundles (/api/v1/bundles/).
 
 Upload (operators), list and detail (signed-in users), and the archive download, which agents
-fetch with the node token as their bearer token.
+fetch with their node credential as bearer token: a node may fetch only the bundles of jobs it
+was given a place in (console/cluster/tokens.py decides whose credential it is).
 """
 
 from __future__ import annotations
@@ -12,21 +13,23 @@ from django.conf import settings
 from django.http import FileResponse, Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import authentication, permissions, serializers, status
+from rest_framework import authentication, exceptions, permissions, serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.generics import ListAPIView, RetrieveAPIView
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from console.api.auth import TokenAuthentication
 from console.api.models import Scope
-from console.cluster.tokens import node_token_ok
+from console.cluster import tokens
 from console.core.audit import AuthMethod, mark_auth
 from console.core.models import AuditEntry
 from console.core.roles import is_operator
 from console.jobs.bundles import BundleError, bundle_path, store_bundle
-from console.jobs.models import Bundle
+from console.jobs.models import Allocation, Bundle
+from workers.bundles import UNPACKED_FACTOR
 
 # Multipart framing around the file; a request larger than the limit plus this is refused before
 # Django reads its body.
@@ -95,32 +98,53 @@ def _refused(message: str) -> Response:
     return Response({"detail": message, "errors": {"file": [message]}}, status=status.HTTP_400_BAD_REQUEST)
 
 
+class BundleLimitsSerializer(serializers.Serializer):
+    max_bytes = serializers.IntegerField(help_text="Largest archive (compressed) the console accepts")
+    max_unpacked_bytes = serializers.IntegerField(help_text="Largest total of the archive's files, unpacked")
+
+
+class BundleLimits(APIView):
+    """What an upload may weigh, so a client can refuse a too-large bundle before sending it."""
+
+    @extend_schema(request=None, responses={200: BundleLimitsSerializer})
+    def get(self, request: Request) -> Response:
+        limit: int = settings.BUNDLE_MAX_BYTES
+        return Response({"max_bytes": limit, "max_unpacked_bytes": limit * UNPACKED_FACTOR})
+
+
 class BundleDetail(RetrieveAPIView[Bundle]):
     queryset = Bundle.objects.all()
     serializer_class = BundleSerializer
 
 
 class NodeAgent:
-    """The identity of a caller that presented the node token (an agent, not a person)."""
+    """The identity of a caller that presented a node credential (an agent, not a person)."""
 
     is_authenticated = True
     is_active = True
     is_superuser = False
     pk = None
-    username = "node-agent"
+
+    def __init__(self, identity: tokens.NodeIdentity) -> None:
+        self.identity = identity
+        self.username = f"node:{identity.node}" if identity.node else "node-agent"
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer <NODE_TOKEN>``; any other bearer falls through to user tokens."""
+    """``Authorization: Bearer <node credential>``; any other bearer falls through to user tokens."""
 
     def authenticate(self, request: Request) -> tuple[Any, None] | None:
         header = authentication.get_authorization_header(request).split()
         if len(header) != 2 or header[0].lower() != b"bearer":
             return None
-        if node_token_ok(header[1]):
+        verdict = tokens.identify(header[1])
+        if verdict.reason == "revoked":
             mark_auth(request._request, AuthMethod.NODE)
-            return NodeAgent(), None
-        return None
+            raise exceptions.AuthenticationFailed("This node credential was revoked.")
+        if verdict.identity is None:
+            return None
+        mark_auth(request._request, AuthMethod.NODE, verdict.identity.prefix)
+        return NodeAgent(verdict.identity), None
 
     def authenticate_header(self, request: Request) -> str:
         # Makes an anonymous request a 401 with a challenge rather than a bare 403.
@@ -139,6 +163,11 @@ class BundleArchive(RetrieveAPIView[Bundle]):
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:  # type: ignore[override]
         bundle = self.get_object()
+        caller = request.user
+        if isinstance(caller, NodeAgent) and caller.identity.node is not None:
+            runs_it = Allocation.objects.filter(node__name=caller.identity.node, round__job__bundle=bundle)
+            if not runs_it.exists():
+                raise exceptions.PermissionDenied("This node runs no job with this bundle.")
         path = bundle_path(bundle)
         if not path.is_file():
             raise Http404("The bundle's archive is missing from the console's storage.")

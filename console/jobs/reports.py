@@ -27,7 +27,7 @@ from console.jobs.spec import round_spec
 from console.telemetry import events
 from console.telemetry.models import Severity
 from workers import protocol
-from workers.protocol import RoundState
+from workers.protocol import RankState, RoundState
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,9 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
         if job.round_number != number or not job.job_state.is_active:
             return
         alloc = Allocation.objects.select_for_update().get(pk=alloc_id)
+        if state.is_final:
+            _repair_lost_end(job, alloc, state, status)
+            return
         if state in (RoundState.RUNNING, RoundState.STARTING) and alloc.state == AllocationState.ASSIGNED:
             alloc.set_state(AllocationState.RUNNING)
             alloc.save(update_fields=["state"])
@@ -195,6 +198,54 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
         if changed:
             job.save(update_fields=["state", "progress"])
             events.job_changed(job)
+
+
+def _repair_lost_end(job: Job, alloc: Allocation, state: RoundState, status: protocol.RoundStatus) -> None:
+    """A heartbeat says the host's part of the current round has ended while its allocation is
+    still live: the round-end (and perhaps rank-exit) reports were lost (a broker restart with
+    the task unacknowledged, a controller killed mid-task). Act as the lost report would have."""
+    if not alloc.is_live:
+        return  # the end was reported and acted on
+    if state is RoundState.SUCCEEDED:
+        log.info(
+            "job %s round %s: %s ended without a report; repairing",
+            job.pk,
+            alloc.round.number,
+            alloc.node.name,
+        )
+        _host_succeeded(job, alloc)
+    elif state is RoundState.FAILED:
+        log.info(
+            "job %s round %s: %s failed without a report; repairing",
+            job.pk,
+            alloc.round.number,
+            alloc.node.name,
+        )
+        # The failure happened before the heartbeat that reports it, which is its host's proof
+        # of life: the failure can be settled now if the other hosts have shown theirs.
+        at = alloc.node.last_heartbeat or timezone.now()
+        record_failure(job, alloc, _failure_from(alloc, status), at)
+    # STOPPED: the controller stopped it, and whatever stopped it moves the allocation.
+
+
+def _failure_from(alloc: Allocation, status: protocol.RoundStatus) -> protocol.RankExit:
+    """The failing exit a lost round end would have named: one already recorded, else the first
+    rank the heartbeat shows FAILED."""
+    for seen in alloc.exit_info.get("exits", []):
+        if failed(seen):
+            return seen  # type: ignore[no-any-return]
+    for rank in status["ranks"]:
+        if RankState(rank["state"]) is RankState.FAILED:
+            return {
+                "local_rank": rank["local_rank"],
+                "rank": rank["rank"],
+                "pid": rank["pid"],
+                "exit_code": None,
+                "signal": None,
+                "error": "rank failed (its exit report was lost)",
+                "at": 0.0,
+            }
+    return UNNAMED_FAILURE
 
 
 def _record_progress(job: Job, number: int, status: protocol.RoundStatus) -> bool:

@@ -1,6 +1,6 @@
 """Controller tasks for jobs (queue "control"): the periodic tick and agents' reports on rounds.
 
-Thin: check the node token, then call one function. Agents send the reports by name
+Thin: check the node's credential (console/cluster/tokens.py), then call one function. Agents send the reports by name
 (workers/protocol.py). Every task retries on transient errors (console/core/retry.py) and is
 safe to run twice, so a redelivery (acks_late after a controller crash) changes nothing twice.
 """

@@ -4,8 +4,8 @@ Ingest serialises each metric frame once and PUBLISHes it to the job's Redis pub
 (``frame_channel``). In each web process a ``FrameHub`` keeps one subscription per job that has
 local viewers, and hands every frame to each of them. Through the channel layer the same frame
 became one Redis message, one msgpack round trip and one consumer wake-up per viewer; here it is
-one Redis message per web process, whatever the number of viewers (DESIGN.md: coalesced,
-display-sized frames per job).
+one Redis message per web process, whatever the number of viewers: coalesced, display-sized
+frames per job.
 
 Each viewer has a bounded queue and its own sender task, so one slow socket never holds back the
 others: when its queue is full the frame is dropped for that viewer only, and the viewer is told

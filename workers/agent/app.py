@@ -3,9 +3,9 @@ are children of this process and never of a pool child that Celery may replace) 
 threads and processes: the supervisor, the heartbeat and the telemetry shipper, the reaper process, and the
 warm pool (workers/agent/warmpool.py: pre-started rank interpreters and their refill thread).
 
-Boot: start the reaper, purge the node queue (commands from before a crash are stale; the
-controller answers the registration with AGENT_SYNC listing what should run), register, then
-consume. Clean shutdown (SIGTERM/SIGINT, handled by Celery as a warm shutdown): stop every
+Boot: find the node's credential (credential.py; enrol with a join token the first time), start
+the reaper, purge the node queue (commands from before a crash are stale; the controller answers
+the registration with AGENT_SYNC listing what should run), register, then consume. Clean shutdown (SIGTERM/SIGINT, handled by Celery as a warm shutdown): stop every
 round gracefully, send CONTROL_OFFLINE, flush telemetry.
 """
 
@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from celery import Celery
@@ -22,6 +23,7 @@ from celery import Celery
 from workers import protocol
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
+from workers.agent.credential import CredentialError, resolve_credential
 from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
@@ -33,6 +35,7 @@ logger = logging.getLogger("workers.agent")
 
 SHUTDOWN_MARGIN_SECONDS = 15.0
 CONTROL_FLUSH_SECONDS = 10.0
+EXIT_NO_CREDENTIAL = 3  # not restarted with hope: the operator must enrol the node
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -43,6 +46,9 @@ def make_celery_app(config: AgentConfig) -> Celery:
         result_serializer="json",
         task_ignore_result=True,
         task_acks_late=True,
+        # An unacknowledged command (the agent lost the broker midway) comes back after 2
+        # minutes, not Redis's default hour; every command is safe to apply twice.
+        broker_transport_options={"visibility_timeout": 120},
         worker_prefetch_multiplier=1,
         task_default_queue=protocol.node_queue(config.name),
         broker_connection_retry_on_startup=True,
@@ -99,6 +105,12 @@ class Heartbeat(threading.Thread):
 def run_agent(config: AgentConfig) -> int:
     session = uuid.uuid4().hex
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        # From here on config.token is the node's own credential (or the opted-in shared token).
+        config = replace(config, token=resolve_credential(config))
+    except CredentialError as exc:
+        logger.error("%s", exc)
+        return EXIT_NO_CREDENTIAL
     config.checkpoint_root.mkdir(parents=True, exist_ok=True)
     app = make_celery_app(config)
     control = ControlClient(app, config.name, config.token, session)
@@ -107,6 +119,7 @@ def run_agent(config: AgentConfig) -> int:
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
     supervisor = Supervisor(config, session, control, shipper, reaper, pool if config.warm_pool else None)
     register_tasks(app, supervisor)
+    shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
     heartbeat = Heartbeat(config.heartbeat, control, supervisor)

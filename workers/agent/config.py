@@ -31,6 +31,8 @@ class AgentConfig:
     warm_pool: int = DEFAULT_WARM_POOL  # pre-started rank interpreters (workers/agent/warmpool.py); 0 = none
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT_SECONDS
     keep_rounds_days: float = DEFAULT_KEEP_ROUNDS_DAYS  # past rounds' files (retention.py); 0 = forever
+    join_token: str = ""  # one-time enrolment (credential.py); unused once the node has its credential
+    console_url: str = ""  # the console's web address, where the agent enrols
 
     @property
     def rounds_dir(self) -> Path:
@@ -54,7 +56,16 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="python -m workers.agent", description="Trainyard node agent")
     parser.add_argument("--name", required=True, help="node name; the agent consumes queue node.<name>")
     parser.add_argument("--broker", default="", help="Redis broker URL (TRAINYARD_BROKER_URL, REDIS_URL)")
-    parser.add_argument("--token", default="", help="node token (TRAINYARD_NODE_TOKEN)")
+    parser.add_argument(
+        "--join-token",
+        default="",
+        help="one-time join token to enrol this node (TRAINYARD_JOIN_TOKEN); the node's own credential "
+        "is then kept in <data-dir>/node_credential",
+    )
+    parser.add_argument("--console", default="", help="console URL to enrol at (TRAINYARD_CONSOLE_URL)")
+    parser.add_argument(
+        "--token", default="", help="shared node token of a single-machine console (TRAINYARD_NODE_TOKEN)"
+    )
     parser.add_argument("--address", default="", help="address peers reach this host at")
     parser.add_argument("--slots", type=int, default=0, help="rank slots (default: CPU count)")
     parser.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
@@ -96,6 +107,8 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         name=ns.name,
         broker_url=broker or DEFAULT_BROKER_URL,
         token=ns.token or os.environ.get("TRAINYARD_NODE_TOKEN", ""),
+        join_token=ns.join_token or os.environ.get("TRAINYARD_JOIN_TOKEN", ""),
+        console_url=ns.console or os.environ.get("TRAINYARD_CONSOLE_URL", ""),
         address=ns.address,
         slots=ns.slots,
         heartbeat=ns.heartbeat,

@@ -24,7 +24,7 @@ RETRY_SECONDS = 1.0
 
 
 class ControlClient:
-    """Sends CONTROL_* tasks, each carrying the node token, the node name and the session."""
+    """Sends CONTROL_* tasks, each carrying the node's credential, the node name and the session."""
 
     def __init__(self, app: Celery, node: str, token: str, session: str) -> None:
         self._app = app

@@ -10,6 +10,13 @@ record where they were; events and checkpoint records are never dropped, and log
 when nothing else is left to drop (they stay in the rank's local log file anyway). On
 reconnect everything buffered is sent in order. Delivery is at-least-once: a batch whose XADD
 failed half-way is sent again, and ingest de-duplicates by (rank, kind, seq).
+
+A SIGKILLed agent loses what it had read but not sent (and what its ranks wrote in their last
+instant). So each rank's directory holds a ``shipping.json`` marker (its job, round and rank)
+from the moment it is tailed until everything read from it has been sent; an agent that starts
+on the same data directory ships every marked rank's files again from the start
+(``resume_unshipped``). Sequence numbers are counted from the start of each file, so what had
+been sent already carries the same keys and ingest drops it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ MAX_RECORDS_PER_SEND = 20_000
 """Records per pipeline round trip, so a long backlog drains in steps and reading goes on."""
 RETRY_SECONDS = 1.0
 MAX_LOG_LINE_CHARS = 8_192
+MARKER = "shipping.json"
+"""In a rank's directory while its files may hold records not yet sent."""
 
 RoundKey = tuple[int, int]  # (job_id, round)
 RankKey = tuple[int, int, int]  # (job_id, round, rank)
@@ -76,6 +85,8 @@ class _Source:
     log_lines: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     seqs: dict[str, int] = field(default_factory=dict)
     finishing: bool = False
+    marker: Path | None = None
+    resumed: bool = False  # a rank of a previous agent's life: its files are complete
 
 
 @dataclass
@@ -94,6 +105,8 @@ class TelemetryShipper(threading.Thread):
         self._sources: dict[RankKey, _Source] = {}
         self._progress: dict[RoundKey, RoundProgress] = {}
         self._buffer: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
+        self._pending: collections.Counter[RankKey] = collections.Counter()  # records buffered
+        self._closing: dict[RankKey, Path] = {}  # finished sources whose marker awaits the send
         self._stopping = threading.Event()
         self._retry_at = 0.0
         self.connected = True
@@ -101,9 +114,48 @@ class TelemetryShipper(threading.Thread):
     # --- called by the supervisor ------------------------------------------------------------
     def add(self, job_id: int, round_: int, rank: int, telemetry: Path, stdout: Path, stderr: Path) -> None:
         key = (job_id, round_, rank)
+        marker = telemetry.parent / MARKER
+        try:
+            marker.write_text(json.dumps({"job_id": job_id, "round": round_, "rank": rank}))
+        except OSError as exc:
+            logger.warning(
+                "telemetry: cannot write %s (%s); a crash may lose this rank's last lines", marker, exc
+            )
         with self._lock:
-            self._sources[key] = _Source(key, _Tail(telemetry), _Tail(stdout), _Tail(stderr))
+            self._sources[key] = _Source(key, _Tail(telemetry), _Tail(stdout), _Tail(stderr), marker=marker)
             self._progress.setdefault((job_id, round_), RoundProgress())
+
+    def resume_unshipped(self, rounds_dir: Path) -> int:
+        """Ships again, from the start, the files of every rank a previous agent on this data
+        directory had not finished sending (its ranks are dead: the reaper killed them with it).
+        Returns how many ranks are resumed."""
+        resumed = 0
+        for marker in sorted(rounds_dir.glob(f"job-*/round-*/rank-*/{MARKER}")):
+            try:
+                found = json.loads(marker.read_text())
+                key = (int(found["job_id"]), int(found["round"]), int(found["rank"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                logger.warning("telemetry: unreadable %s; removed", marker)
+                marker.unlink(missing_ok=True)
+                continue
+            directory = marker.parent
+            source = _Source(
+                key,
+                _Tail(directory / "telemetry.jsonl"),
+                _Tail(directory / "stdout.log"),
+                _Tail(directory / "stderr.log"),
+                finishing=True,
+                marker=marker,
+                resumed=True,
+            )
+            with self._lock:
+                self._sources.setdefault(key, source)
+            resumed += 1
+        if resumed:
+            logger.info(
+                "telemetry: shipping again the files of %d rank(s) a previous agent left unsent", resumed
+            )
+        return resumed
 
     def finish(self, job_id: int, round_: int, rank: int) -> None:
         """The rank has exited: read its files to the end once more, then stop tailing them."""
@@ -150,6 +202,7 @@ class TelemetryShipper(threading.Thread):
             self._read_sources()
             if time.monotonic() >= self._retry_at:
                 self._send()
+            self._release_markers()
         except Exception:
             logger.exception("telemetry shipping failed; retrying")
 
@@ -189,8 +242,11 @@ class TelemetryShipper(threading.Thread):
                     )
             with self._lock:
                 self._buffer.extend((source.key, record) for record in records)
+                self._pending[source.key] += len(records)
                 if finishing:
                     self._sources.pop(source.key, None)
+                    if source.marker is not None:
+                        self._closing[source.key] = source.marker
                 if len(self._buffer) > self._max_buffered:
                     self._drop_oldest()
 
@@ -206,7 +262,7 @@ class TelemetryShipper(threading.Thread):
             source.seqs[kind] = source.seqs.get(kind, 0) + 1
             record["seq"] = source.seqs[kind]
         record.setdefault("t", now)
-        if kind == "metric" and isinstance(record.get("step"), int):
+        if kind == "metric" and isinstance(record.get("step"), int) and not source.resumed:
             job_id, round_, _ = source.key
             with self._lock:
                 progress = self._progress.setdefault((job_id, round_), RoundProgress())
@@ -238,6 +294,7 @@ class TelemetryShipper(threading.Thread):
                     continue
                 kept.append((key, record))
             self._buffer = kept
+        self._pending = collections.Counter(key for key, _ in self._buffer)
 
     # --- sending -----------------------------------------------------------------------------
     def _send(self) -> None:
@@ -278,4 +335,15 @@ class TelemetryShipper(threading.Thread):
                 # Only this thread removes from the left, so the chunk is still at the front
                 # unless _drop_oldest rebuilt the deque meanwhile (it runs on this thread too).
                 for _ in range(len(chunk)):
-                    self._buffer.popleft()
+                    key, _record = self._buffer.popleft()
+                    self._pending[key] -= 1
+
+    def _release_markers(self) -> None:
+        """Removes the marker of every finished rank whose records have all been sent."""
+        with self._lock:
+            done = [key for key in self._closing if self._pending[key] <= 0]
+            markers = [self._closing.pop(key) for key in done]
+            for key in done:
+                self._pending.pop(key, None)
+        for marker in markers:
+            marker.unlink(missing_ok=True)

@@ -259,10 +259,6 @@ class WarmPool:
         if self.size > 0:
             self._thread.start()
 
-    def idle_pids(self) -> list[int]:
-        with self._lock:
-            return [warm.pid for warm in self._idle]
-
     def hold(self, ranks: int | None = None) -> None:
         """A round of ``ranks`` local ranks is starting on this host: no new import for
         REFILL_DELAY_SECONDS, and from then on aim at ROUNDS_AHEAD rounds' worth of its ranks

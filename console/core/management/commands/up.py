@@ -40,6 +40,7 @@ from console.core.embedded import (
     redis_server_binary,
     wait_until,
 )
+from console.core.env import secret
 from console.core.supervisor import ChildSpec, GaveUp, Supervisor
 
 # The agent stops its rank processes on SIGTERM (they get their own grace period), so it is
@@ -249,9 +250,12 @@ class Console:
         python = sys.executable
         # Agents fetch code bundles from the web process this supervisor starts.
         sup.env.setdefault("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{self.port}")
-        # The token goes by environment (the agent reads TRAINYARD_NODE_TOKEN), not argv, where
-        # every local user could read it in `ps`.
-        sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN
+        # A single-machine console opts in to the shared node token (console/cluster/tokens.py):
+        # its own agent needs no enrolment. The token goes by environment (the agent reads
+        # TRAINYARD_NODE_TOKEN), not argv, where every local user could read it in `ps`.
+        sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN or secret(
+            "TRAINYARD_NODE_TOKEN", self.home / "node_token"
+        )
         sup.start(
             ChildSpec(
                 "web",
@@ -353,6 +357,22 @@ class Console:
             str(self.home / "checkpoints"),
         ]
         sup.say(f"another agent on this machine:\n  {token_env} {shlex.join(agent)}")
+        # Another host gets its own credential: the shared token stays on this machine.
+        host = [
+            "python",
+            "-m",
+            "workers.agent",
+            "--name",
+            "HOST",
+            "--broker",
+            "redis://THIS-HOST:PORT/0",
+            "--console",
+            f"http://THIS-HOST:{self.port}",
+        ]
+        sup.say(
+            "another host: make a join token (admin > Join tokens, or POST /api/v1/nodes/join-tokens/), "
+            f"then on that host:\n  TRAINYARD_JOIN_TOKEN=... {shlex.join(host)}"
+        )
         sup.say(f"Trainyard console: http://127.0.0.1:{self.port}/  (Ctrl-C stops everything)")
 
 
