@@ -18,7 +18,7 @@ from pathlib import Path
 
 from workers.agent.lifecycle import LocalRound, LocalState, Rank
 from workers.agent.monitor import Observation, RankEnded
-from workers.protocol import RankExit, RankState, RoundState
+from workers.protocol import RankExit, RankState
 
 
 class StopReason(StrEnum):
@@ -112,10 +112,6 @@ KILLING: dict[LocalState, LocalState] = {
     LocalState.STOPPING: LocalState.KILLING,
     LocalState.FAILING: LocalState.KILLING_FAILED,
 }
-
-
-def outcome(state: LocalState) -> RoundState:
-    return OUTCOMES[state].reported
 
 
 def decide_stop(

@@ -191,7 +191,7 @@ class Supervisor(threading.Thread):
             for slot in self._jobs.values():
                 slot.pending = None
                 if slot.active is not None:
-                    self._stop(slot.active, grace_of(slot.active.spec))
+                    self._stop_round(slot.active, grace_of(slot.active.spec))
 
     def _slot(self, job_id: int) -> JobSlot:
         return self._jobs.setdefault(job_id, JobSlot())
@@ -214,7 +214,7 @@ class Supervisor(threading.Thread):
             logger.info(
                 "job %s: stopping round %s before round %s", spec["job_id"], slot.active.number, number
             )
-            self._stop(slot.active, grace_of(slot.active.spec))
+            self._stop_round(slot.active, grace_of(slot.active.spec))
             slot.pending = spec
             return
         self._launch(slot, spec)
@@ -227,7 +227,7 @@ class Supervisor(threading.Thread):
         if slot.pending is not None and slot.pending["round"] <= number:
             slot.pending = None
         if slot.active is not None and slot.active.number <= number:
-            self._stop(slot.active, grace)
+            self._stop_round(slot.active, grace)
 
     def _sync(self, rounds: list[RoundSpec]) -> None:
         wanted = {(spec["job_id"], spec["round"]) for spec in rounds}
@@ -236,7 +236,7 @@ class Supervisor(threading.Thread):
                 slot.pending = None
             if slot.active is not None and (job_id, slot.active.number) not in wanted:
                 slot.fenced_upto = max(slot.fenced_upto, slot.active.number)
-                self._stop(slot.active, grace_of(slot.active.spec))
+                self._stop_round(slot.active, grace_of(slot.active.spec))
         self._save_fencing()
         for spec in rounds:
             self._start(spec)
@@ -258,7 +258,7 @@ class Supervisor(threading.Thread):
             actions = decide_tick(local, seen, now, grace_of(local.spec), self._config.teardown_timeout)
             self._act(slot, local, actions)
 
-    def _stop(self, local: LocalRound, grace: float) -> None:
+    def _stop_round(self, local: LocalRound, grace: float) -> None:  # (threading.Thread has a _stop)
         self._act(None, local, decide_stop(local, StopReason.COMMAND, grace, time.monotonic()))
 
     def _act(self, slot: JobSlot | None, local: LocalRound, actions: list[Action]) -> None:
