@@ -16,6 +16,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from console.jobs.models import Job, Round
+from tests.support.jobs import copy_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -102,31 +103,8 @@ def test_bad_filters_and_stale_links_say_what_is_wrong(client: Client, viewer: U
     assert "That page link is out of date" in stale.content.decode()
 
 
-def fill_jobs(count: int, owners: list[User]) -> None:
-    """``count`` jobs copied in SQL from one made by the ORM (fast), with varied names,
-    owners, states, priorities and times."""
-    template = Job.objects.create(name="template", workload="digits", owner=owners[0])
-    columns = [str(f.column) for f in Job._meta.concrete_fields if not f.primary_key]
-    varied = {
-        "name": "(ARRAY['bert','gpt','resnet','vit','t5'])[1 + n %% 5] || '-' || n",
-        "owner_id": f"(ARRAY[{','.join(str(u.pk) for u in owners)}])[1 + n %% {len(owners)}]",
-        "state": "(ARRAY['PENDING','RUNNING','SUCCEEDED','FAILED','STOPPED'])[1 + (n / 7) %% 5]",
-        "priority": "n %% 11",
-        "created_at": "now() - n * interval '1 minute'",
-    }
-    select = ", ".join(varied.get(c, f'j."{c}"') for c in columns)
-    table = Job._meta.db_table
-    with connection.cursor() as cur:
-        cur.execute(
-            f"INSERT INTO {table} ({', '.join(connection.ops.quote_name(c) for c in columns)}) "
-            f"SELECT {select} FROM {table} j, generate_series(1, %s) n WHERE j.id = %s",
-            [count, template.pk],
-        )
-        cur.execute(f"ANALYZE {table}")
-
-
 def test_list_queries_read_an_index_on_a_large_table(client: Client, viewer: User, operator: User) -> None:
-    fill_jobs(30_000, [viewer, operator] + [User.objects.create_user(f"u{i}") for i in range(8)])
+    copy_jobs(30_000, [viewer, operator] + [User.objects.create_user(f"u{i}") for i in range(8)])
     client.force_login(viewer)
     table = Job._meta.db_table
     cases: list[dict[str, str]] = [
