@@ -56,7 +56,7 @@ class PatternPrefix(Lookup):  # type: ignore[type-arg]
 
     lookup_name = "pattern_prefix"
 
-    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> tuple[str, tuple[Any, ...]]:
         lhs, lhs_params = self.process_lhs(compiler, connection)
         prefix = str(self.rhs)
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -66,7 +66,7 @@ class PatternPrefix(Lookup):  # type: ignore[type-arg]
         if upper is not None:
             sql += f" AND {lhs} ~<~ %s"
             params += [*lhs_params, upper]
-        return sql + ")", params
+        return sql + ")", tuple(params)
 
 
 class JobFilterForm(forms.Form):
