@@ -322,6 +322,15 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         expect(page.locator('#ranks-body tr[data-rank="0"] .node a')).to_have_text("gpu-a")
         expect(page.locator("#checkpoints-body tr")).to_have_count(3)
         expect(page.locator("#checkpoints-body tr").first).to_contain_text("300")
+        # the periodic refresh (every 5 s) leaves unchanged rows alone: the same elements stay
+        page.evaluate(
+            "() => { for (const tr of document.querySelectorAll('#ranks-body tr, #checkpoints-body tr')) tr.__kept = true; }"
+        )
+        with page.expect_response(re.compile(r"/checkpoints/"), timeout=10000):
+            pass
+        page.wait_for_timeout(300)
+        kept = "() => [...document.querySelectorAll('#ranks-body tr, #checkpoints-body tr')].filter((tr) => tr.__kept).length"
+        assert page.evaluate(kept) == 7
         # per-layer gradient norms on demand
         page.check("#layers-toggle")
         expect(page.locator('[data-chart="layers"] .chart-legend')).to_contain_text("2", timeout=10000)
