@@ -89,6 +89,16 @@ SORTABLE_COLUMNS = {
     "age": ("Age", "-created_at", "created_at"),
 }
 JOB_LIST_PARAMS = ("state", "owner", "name", "sort")
+SORT_LABELS = {
+    "-created_at": "Newest first",
+    "created_at": "Oldest first",
+    "-id": "Highest id first",
+    "id": "Lowest id first",
+    "name": "Name, A to Z",
+    "-name": "Name, Z to A",
+    "-priority": "Highest priority first",
+    "priority": "Lowest priority first",
+}
 
 
 def _list_url(params: dict[str, str], **changes: str) -> str:
@@ -137,7 +147,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
             "params": params,
             "errors": errors,
             "states": JobState.values,
-            "sorts": list(SORTS),
+            "sorts": [(key, SORT_LABELS.get(key, key)) for key in SORTS],
             "sort_key": sort_key,
             "columns": columns,
             "next_url": _list_url(params, cursor=encode_cursor(sort, key_of(sort, jobs[-1])))
