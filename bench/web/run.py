@@ -56,11 +56,14 @@ SCROLL_FRAMES = 300
 # Timing hooks the bench adds to the page before its scripts run (the console ships none).
 INSTRUMENT = """
 (() => {
-  const stats = { longTasks: [], handlers: [], frames: [], loaf: [] };
+  const stats = { longTasks: [], longTaskSpans: [], handlers: [], frames: [], loaf: [], spans: [] };
   window.__bench = stats;
   try {
     new PerformanceObserver((list) => {
-      for (const e of list.getEntries()) stats.longTasks.push(e.duration);
+      for (const e of list.getEntries()) {
+        stats.longTasks.push(e.duration);
+        stats.longTaskSpans.push([e.startTime, e.duration]);
+      }
     }).observe({ type: "longtask", buffered: true });
   } catch (e) {}
   // Long animation frames (>= 50 ms) split into script time, style/layout/paint, and the rest
@@ -79,14 +82,18 @@ INSTRUMENT = """
   const raf = window.requestAnimationFrame.bind(window);
   window.requestAnimationFrame = (cb) => raf((ts) => {
     const t0 = performance.now();
-    try { cb(ts); } finally { stats.frames.push(performance.now() - t0); }
+    try { cb(ts); } finally { const dt = performance.now() - t0; stats.frames.push(dt); stats.spans.push([t0, dt]); }
   });
   const add = EventTarget.prototype.addEventListener;
   EventTarget.prototype.addEventListener = function (type, listener, options) {
     if (type === "message" && this instanceof WebSocket && typeof listener === "function") {
       const timed = function (ev) {
         const t0 = performance.now();
-        try { return listener.call(this, ev); } finally { stats.handlers.push(performance.now() - t0); }
+        try { return listener.call(this, ev); } finally {
+          const dt = performance.now() - t0;
+          stats.handlers.push(dt);
+          stats.spans.push([t0, dt]);
+        }
       };
       return add.call(this, type, timed, options);
     }
@@ -335,7 +342,7 @@ def live_longest_task(
         )
         page.wait_for_timeout(3000)  # history and ranks loaded: measure the live phase alone
         page.evaluate(
-            "() => { const s = window.__bench; s.longTasks = []; s.handlers = []; s.frames = []; s.loaf = []; }"
+            "() => { const s = window.__bench; s.longTasks = []; s.longTaskSpans = []; s.handlers = []; s.frames = []; s.loaf = []; s.spans = []; }"
         )
         before = publisher.sent
         publisher.running.set()
@@ -344,7 +351,19 @@ def live_longest_task(
         page.wait_for_timeout(500)
         stats = page.evaluate("() => window.__bench")
         legend = page.locator('[data-chart="loss"] .legend-item').first.text_content() or ""
+        # The script this page ran (message handlers, animation frames) inside the worst long
+        # task: when it is a small part, the task was long because the main thread did not get
+        # the CPU (other processes on the machine), not because of the page's code.
+        worst_task = max(stats["longTaskSpans"], key=lambda span: span[1], default=None)
+        script_in_worst = (
+            sum(dt for t0, dt in stats["spans"] if worst_task[0] - 1 <= t0 <= worst_task[0] + worst_task[1])
+            if worst_task
+            else 0.0
+        )
+        heap = page.evaluate("() => (performance.memory ? performance.memory.usedJSHeapSize : 0)")
         return {
+            "heap_mb": heap / 2**20,
+            "script_in_worst_task_ms": script_in_worst,
             "longest_ms": max([0.0, *stats["longTasks"], *stats["handlers"], *stats["frames"]]),
             "longest_handler_ms": max([0.0, *stats["handlers"]]),
             "longest_frame_ms": max([0.0, *stats["frames"]]),
@@ -525,7 +544,9 @@ def main() -> None:
                     f"  live {args.live_seconds:.0f} s: {run['published']} frames published, {run['messages']} "
                     f"messages handled, longest task {run['longest_ms']:.1f} ms (script: message handler "
                     f"{run['longest_handler_ms']:.1f} ms, animation frame {run['longest_frame_ms']:.1f} ms), "
-                    f"{run['long_tasks']} long tasks; worst long frame {describe_loaf(run['worst_loaf'])}; "
+                    f"{run['long_tasks']} long tasks (this page's handlers and frames ran "
+                    f"{run['script_in_worst_task_ms']:.1f} ms of the longest; JS heap {run['heap_mb']:.0f} MiB); "
+                    f"worst long frame {describe_loaf(run['worst_loaf'])}; "
                     f"chart at step {run['last_step_shown']} of {run['last_step_sent']}",
                     flush=True,
                 )
