@@ -221,3 +221,44 @@ def test_a_rank_killed_in_its_teardown_is_reported_with_its_code_status(tmp_path
     (tmp_path / "ended.json").unlink()
     killed = rank_ended(r1, -signal.SIGKILL)
     assert killed.exit["exit_code"] is None and killed.exit["signal"] == "SIGKILL" and not killed.succeeded
+
+
+# --- parameter-server rounds ----------------------------------------------------------------
+def ps_round(*processes: dict[str, object]) -> tuple[LocalRound, list[Rank]]:
+    ranks = [rank(i) for i in range(len(processes))]
+    local = round_in(S.RUNNING, *ranks)
+    local.spec["ps"] = {  # type: ignore[typeddict-unknown-key]
+        "mode": "async",
+        "coordinator": "h:1",
+        "addresses": ["h:2"],
+        "worker_count": 2,
+        "processes": list(processes),  # type: ignore[arg-type]
+    }
+    return local, ranks
+
+
+def test_a_failed_ps_worker_is_reported_but_fails_nothing_and_a_failed_server_fails_the_round() -> None:
+    local, (server, worker, _other) = ps_round(
+        {"role": "ps", "index": 0, "rank": 0},
+        {"role": "worker", "index": 0, "rank": 1},
+        {"role": "worker", "index": 1, "rank": 2},
+    )
+    assert tick(local, RankSeen(worker, ended(worker, -9))) == [
+        Reap(worker, ended(worker, -9), RankState.FAILED),
+        ReportExit(ended(worker, -9).exit, failed=False),
+    ]
+    assert tick(local, RankSeen(server, ended(server, 1)))[:3] == [
+        Reap(server, ended(server, 1), RankState.FAILED),
+        ReportExit(ended(server, 1).exit, failed=True),
+        Move(S.FAILING),
+    ]
+
+
+def test_a_removed_ps_worker_that_exits_is_a_stop_and_is_not_reported() -> None:
+    local, (server, worker) = ps_round(
+        {"role": "ps", "index": 0, "rank": 0},
+        {"role": "worker", "index": 0, "rank": 1, "removed": True},
+    )
+    assert tick(local, RankSeen(worker, ended(worker, -15)), RankSeen(server)) == [
+        Reap(worker, ended(worker, -15), RankState.STOPPED)
+    ]
