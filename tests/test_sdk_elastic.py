@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import sys
 import time
@@ -122,11 +123,13 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         wait_for("world 3", lambda: any(r.get("world") == 3 for r in records([newcomer_record])))
         joined = steps()
         wait_for("steps at world 3", lambda: steps() >= joined + 8)
-        # ... and leaves again in round 3 (world 2)
+        # ... and its node leaves again in round 3 (world 2): the agent sends it SIGTERM, which
+        # alone must not stop the others, and tells the survivors the new round a little later
+        newcomer.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
         port = free_port()
         for rank in range(2):
             write_control(slots[rank][1], control(3, rank, 2, port))
-        write_control(newcomer_control, control(3, -1, 2, port))
         for process, _, _ in [*slots, (newcomer, None, None)]:
             process.wait(timeout=60)
     finally:
@@ -141,7 +144,7 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         assert {r["pid"] for r in mine} == {process.pid}
         assert [r["world"] for r in mine].count(3) >= 8 and {r["round"] for r in mine} == {1, 2, 3}
     ends = {r["pid"]: r for r in seen if r.get("end")}
-    assert ends[newcomer.pid]["left"] is True
+    assert ends[newcomer.pid]["left"] is True and not ends[slots[0][0].pid]["left"]
     assert (read_state(newcomer_control) or {}).get("state") == "left"
     survivor = read_state(slots[0][1]) or {}
     assert survivor.get("state") == "formed" and survivor.get("round") == 3
@@ -185,3 +188,25 @@ def test_a_re_form_that_cannot_complete_reports_failed(tmp_path: Path) -> None:
         assert process.returncode == 3
         assert state is not None and state["state"] == "failed" and state["round"] == 2
         assert "round 2" in state["reason"]
+
+
+def test_sigterm_to_every_rank_stops_the_group_between_steps(tmp_path: Path) -> None:
+    port = free_port()
+    slots = []
+    for rank in range(2):
+        write_control(tmp_path / f"control-{rank}.json", control(1, rank, 2, port))
+        slots.append(start(tmp_path, rank, examples=4000, step_sleep=0.02))
+    try:
+        wait_for(
+            "a formed group", lambda: all((read_state(c) or {}).get("state") == "formed" for _, c, _ in slots)
+        )
+        for process, _, _ in slots:
+            process.send_signal(signal.SIGTERM)
+        for process, _, _ in slots:
+            process.wait(timeout=30)
+    finally:
+        procs.stop_all()
+    ends = [r for r in records([record for _, _, record in slots]) if r.get("end")]
+    assert [p.returncode for p, _, _ in slots] == [0, 0]
+    assert len(ends) == 2 and all(e["stopped"] and not e["left"] for e in ends)
+    assert len({e["step"] for e in ends}) == 1

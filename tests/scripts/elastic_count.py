@@ -96,7 +96,12 @@ def train(
     except ElasticError as error:
         print(f"elastic: {error}", file=sys.stderr)
         return 3
-    record.write(json.dumps({"pid": os.getpid(), "end": True, "left": run.left, "step": run.step}) + "\n")
+    record.write(
+        json.dumps(
+            {"pid": os.getpid(), "end": True, "left": run.left, "stopped": run.stopped, "step": run.step}
+        )
+        + "\n"
+    )
     return 0
 
 

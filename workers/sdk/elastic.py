@@ -10,8 +10,10 @@
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    if run.left:                     # this rank was removed by a scale-down: stop quietly
+    if run.left:                     # this rank's node left the job (scale-down): stop quietly
         return
+    if run.stopped:                  # every rank got SIGTERM (the job is stopping): save, exit
+        ...
 
 The agent writes a small JSON control file per rank (path in ``TRAINYARD_CONTROL``) holding the
 current round: ``job_id, round, rank, local_rank, world_size, master_addr, master_port`` (``rank``
@@ -56,6 +58,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
+
+from workers.sdk.stop import install_stop_handler, stop_requested
 
 ENV_CONTROL = "TRAINYARD_CONTROL"
 DEFAULT_FORM_TIMEOUT = 20.0
@@ -206,6 +210,7 @@ class ElasticRun:
         self.epoch = 0
         self.position = 0
         self.left = False
+        self.stopped = False  # every rank was sent SIGTERM: the loop ended early
         self.reforms = 0
         self.last_form_seconds = 0.0
         # Whether this process holds training state worth keeping (a survivor) or needs it (a
@@ -231,6 +236,7 @@ class ElasticRun:
         return self._ddp if self._ddp is not None else self.module
 
     def __enter__(self) -> ElasticRun:
+        install_stop_handler()
         control = self._read_control(wait_for_round=None)
         self._form(control)
         return self
@@ -271,15 +277,28 @@ class ElasticRun:
             self.position = 0
 
     def boundary(self) -> bool:
-        """Follows a round change if there is one; False when this rank has left the job."""
+        """Follows a round change if there is one; False when this rank leaves or the job stops.
+
+        One all-reduce (MAX) of [newest round seen, -stop flag] gives the newest round any rank
+        was told about and whether *every* rank got SIGTERM. A round change wins: a rank with the
+        new control re-forms, a rank without one that was sent SIGTERM leaves (its node is
+        leaving the job: the agent stops it while the others are told the new round). Only when
+        every rank was sent SIGTERM and no round changed does the whole group stop."""
         local = self._peek_round()
-        target = local
+        stopping = stop_requested()
+        target, all_stopping = local, stopping
         if self.world_size > 1:
-            flag = torch.tensor([local], dtype=torch.int64, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            target = int(flag.item())
+            flags = torch.tensor([local, -int(stopping)], dtype=torch.int64, device=self.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            target, all_stopping = int(flags[0].item()), int(flags[1].item()) < 0
         if target <= self.round:
+            if all_stopping:
+                self.stopped = True
+                return False
             return True
+        if stopping and local <= self.round:
+            self._leave()
+            return False
         self._form(self._read_control(wait_for_round=target))
         return not self.left
 
@@ -343,8 +362,7 @@ class ElasticRun:
             dist.destroy_process_group()
         self.control = control
         if control.leaves:
-            self.left = True
-            self._report(LEFT)
+            self._leave()
             return
         self.device = self._pick_device(control)
         try:
@@ -382,6 +400,13 @@ class ElasticRun:
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
         self._report(FORMED)
+
+    def _leave(self) -> None:
+        self._ddp = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.left = True
+        self._report(LEFT)
 
     def _pick_device(self, control: Control) -> torch.device:
         if self._device_arg is not None and self._device_arg.type == "cuda":
