@@ -147,6 +147,21 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     refused = run_cli(tmp_path, "scale", str(job.pk), "9")
     assert refused.returncode == 5 and "outside 2..4" in refused.stderr
 
+    ps_spec = tmp_path / "ps.yaml"
+    ps_spec.write_text(
+        "name: ps-from-cli\nentrypoint: /opt/worker.py\nstrategy: parameter_server\n"
+        "roles:\n  ps: {count: 2}\n  worker: {count: 3, min: 1, max: 8}\n"
+    )
+    assert run_cli(tmp_path, "submit", str(ps_spec)).returncode == 0
+    ps_job = Job.objects.get(name="ps-from-cli")
+    assert ps_job.roles == {"ps": {"count": 2, "mode": "async"}, "worker": {"count": 3, "min": 1, "max": 8}}
+    assert run_cli(tmp_path, "scale", str(ps_job.pk), "5", "--role", "worker").returncode == 0
+    ps_job.refresh_from_db()
+    assert ps_job.role_count("worker") == 5
+    by_nodes = run_cli(tmp_path, "scale", str(ps_job.pk), "2")
+    assert by_nodes.returncode == 5 and "resize its worker or ps role" in by_nodes.stderr
+    ps_job.delete()  # the job counts below are the allreduce job's and the bulk ones
+
     stopped = run_cli(tmp_path, "stop", str(job.pk))
     assert stopped.returncode == 0 and "STOPPED" in stopped.stdout
     assert Job.objects.get(pk=job.pk).state == JobState.STOPPED

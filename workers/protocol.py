@@ -29,7 +29,8 @@ def node_queue(name: str) -> str:
 # --- controller → agent --------------------------------------------------------------------
 AGENT_START_ROUND = "trainyard.agent.start_round"
 """kwargs: ``spec`` (RoundSpec). Stop this job's older round on the host (graceful), then start
-this one. Ignored when the host already runs or ran a newer round of the job."""
+this one. Ignored when the host already runs or ran a newer round of the job; for the round it
+runs, only a parameter-server round's changed worker processes are acted on (PsRound)."""
 
 AGENT_STOP_JOB = "trainyard.agent.stop_job"
 """kwargs: ``job_id``, ``round`` (stop this round and any older), ``grace_period`` (seconds)."""
@@ -94,6 +95,27 @@ class BundleRef(TypedDict):
     url: str  # HTTP URL the agent fetches the archive from, with the node's credential as bearer
 
 
+class PsProcess(TypedDict):
+    role: str  # "coordinator" | "ps" | "worker" (workers/ps/contract.py's Role)
+    index: int  # within the role
+    rank: int  # among all the round's processes
+    # A worker the controller took out when the worker role shrank: stopped, not restarted.
+    # Local ranks keep their places, so a removed process stays in the list.
+    removed: NotRequired[bool]
+
+
+class PsRound(TypedDict):
+    """A parameter_server round's layout, the same for every host but ``processes``."""
+
+    mode: str  # workers/ps/contract.py's Mode
+    coordinator: str  # host:port
+    addresses: list[str]  # PS i listens on addresses[i] (host:port)
+    worker_count: int
+    processes: list[PsProcess]  # this host's processes, by local rank (nproc_per_node of them)
+    # The worker role is resized in place: AGENT_START_ROUND again for the same round with more
+    # processes (started) or some marked removed (stopped); the other ranks run on untouched.
+
+
 class RoundSpec(TypedDict):
     job_id: int
     round: int
@@ -118,6 +140,9 @@ class RoundSpec(TypedDict):
     restart_count: int
     max_restarts: int
     grace_period: float
+    # parameter_server jobs only: each local rank is one process of a role, started with the
+    # environment of workers/ps/contract.py (workers/agent/launcher.py).
+    ps: NotRequired[PsRound]
 
 
 class GpuInfo(TypedDict):

@@ -13,7 +13,9 @@
   on the asynchronous PS after training, its workers stopped: p50 / p99 per repetition of 100
   calls, median of 5 (the workers' own latencies under load are in their ``worker_*`` telemetry).
 - worker join: a third worker started while the PS job trains, timed from its spawn to its first
-  push (its ``ps_first_push`` telemetry event); repeated, median.
+  push (its ``ps_first_push`` telemetry event); repeated, median. ``--console`` measures only this,
+  through a real console: the REST resize of the worker role to the new worker's first push
+  (bench/ps/console.py).
 
 Ends with one JSON line: ps_examples_per_s, hybrid_examples_per_s, allreduce_examples_per_s,
 pull_p99_ms, push_p99_ms, worker_join_s. Every process it starts is stopped on exit, SIGINT or SIGTERM.
@@ -228,7 +230,14 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--joins", type=int, default=5)
+    parser.add_argument(
+        "--console",
+        action="store_true",
+        help="only worker_join_s through a real console (bench/ps/console.py): REST resize to first push",
+    )
     args = parser.parse_args()
+    if args.console:
+        return console_joins(args.joins)
     # The probe client runs here: one thread, like the workers (OMP_NUM_THREADS=1), so its numbers
     # do not include torch's intra-op threads waiting for a core on a busy machine.
     torch.set_num_threads(1)
@@ -273,6 +282,36 @@ def main() -> int:
             for job in jobs:
                 job.stop()
     report(results, args, time.monotonic() - started)
+    return 0
+
+
+def console_joins(joins: int) -> int:
+    """``--console``: worker_join_s measured through the console, with its own JSON line."""
+    from bench.ps.console import TABLE_ROWS, measure
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-ps-console-") as scratch:
+        Path(scratch).chmod(0o755)  # PostgreSQL runs as its own user and must reach its directory
+        try:
+            seconds = measure(Path(scratch), joins, log=lambda text: print(text, flush=True))
+        except Stop as stop:
+            print(f"interrupted by {stop}: stopping every process", file=sys.stderr)
+            return 130
+    join = summary(seconds)
+    print()
+    print("| measure (through the console) | median | range |")
+    print("|---|---|---|")
+    print(
+        f"| worker join: REST resize to first push, s | {join['median']:.2f} | {join['min']:.2f}-{join['max']:.2f} |"
+    )
+    print(
+        f"({len(seconds)} joins of a recsys worker, {TABLE_ROWS:,} x 16 tables, 2 PS; {time.monotonic() - started:.0f} s)"
+    )
+    print(
+        json.dumps({"worker_join_s": round(join["median"], 2), "through": "console", "joins": len(seconds)})
+    )
     return 0
 
 

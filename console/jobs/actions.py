@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from console.core.decision import decision
 from console.core.models import AuditEntry
 from console.core.states import JobState, RoundReason
 from console.core.transport import request_tick
+from console.jobs import parameter_server
+from console.jobs import roles as job_roles
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
 from console.jobs.rounds import finish_job
@@ -43,10 +46,54 @@ def submit_job(job: Job, actor: Any) -> Job:
     return job
 
 
+def resize_role(job_id: int, role: str, count: int, actor: Any) -> Job:
+    """Set a parameter-server job's ``role`` ("worker" or "ps") to ``count`` processes. Workers
+    change in place (the PS and the other workers run on); a PS count change is a new round whose
+    PS re-shard from the checkpoint."""
+    with decision():
+        job = Job.lock(job_id)
+        if not job.is_parameter_server:
+            raise InvalidRequest(f"Job {job.name} has no roles ({job.strategy}); resize it by nodes.")
+        if job.job_state.is_terminal:
+            raise ControlError(f"Job {job.name} is {job.state}; only live jobs can be resized.")
+        try:
+            roles = job_roles.resized(job.roles, role, count)
+        except job_roles.RolesError as exc:
+            raise InvalidRequest(str(exc)) from None
+        previous = job.role_count(role)
+        rnd = job.current_round()
+        if role == job_roles.WORKER and job.job_state.is_active and rnd is not None and rnd.ended_at is None:
+            try:
+                parameter_server.resize_workers(job, count, timezone.now())
+            except parameter_server.NoRoom as exc:
+                raise ControlError(str(exc)) from None
+        job.roles = roles
+        job.save(update_fields=["roles"])
+        AuditEntry.record(actor, "job.resize", job, role=role, count=count, previous=previous)
+        events.emit(
+            "job.resize_requested",
+            f"Resize of the {role} role to {count} requested",
+            job=job,
+            role=role,
+            count=count,
+        )
+        if role == job_roles.PS and job.job_state.is_active:
+            change_membership(job, RoundReason.RESIZE)
+        elif not job.job_state.is_active:
+            request_tick()
+        events.job_changed(job)
+    job.refresh_from_db()
+    return job
+
+
 def resize_job(job_id: int, nodes: int, actor: Any) -> Job:
     """Set the node count of a job to ``nodes`` (MIN <= nodes <= MAX) and start the new round."""
     with decision():
         job = Job.lock(job_id)
+        if job.is_parameter_server:
+            raise InvalidRequest(
+                f"Job {job.name} is a parameter_server job: resize its worker or ps role, not its nodes."
+            )
         if not job.min_nodes <= nodes <= job.max_nodes:
             raise InvalidRequest(
                 f"Job {job.name} runs on {job.nnodes} nodes; {nodes} is outside {job.min_nodes}..{job.max_nodes}."

@@ -17,8 +17,10 @@ from console.api.errors import Conflict
 from console.api.models import Scope
 from console.core.roles import is_operator
 from console.jobs import actions
+from console.jobs import roles as job_roles
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
 from console.jobs.queries import JobFilter, attach_current_rounds, job_ordering
+from workers.ps import contract as ps_contract
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names the launcher owns: a job may not override the rendezvous or rank contract.
@@ -38,6 +40,15 @@ RESERVED_ENV = {
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE",
     "CUDA_VISIBLE_DEVICES",
+    # A parameter-server process's place (workers/ps/contract.py); tunables such as
+    # TRAINYARD_PS_LEASE_S stay the job's to set.
+    ps_contract.ENV_ROLE,
+    ps_contract.ENV_INDEX,
+    ps_contract.ENV_PS_COUNT,
+    ps_contract.ENV_WORKER_COUNT,
+    ps_contract.ENV_ADDRESSES,
+    ps_contract.ENV_COORDINATOR,
+    ps_contract.ENV_MODE,
 }
 MAX_NODES = 1024
 
@@ -103,6 +114,11 @@ class JobSpecSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=8192, allow_blank=True), required=False, default=dict
     )
     hyperparameters = serializers.DictField(required=False, default=dict)
+    roles = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="parameter_server only: {ps: {count, mode}, worker: {count, min, max}}",
+    )
 
     def validate_nnodes(self, value: str) -> str:
         parse_nnodes(value)
@@ -123,16 +139,9 @@ class JobSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError("The entrypoint contains a NUL byte.")
         return value
 
-    def validate_strategy(self, value: str) -> str:
-        if value == Strategy.PARAMETER_SERVER:
-            # Refused rather than accepted and ignored: no parameter-server runtime ships yet.
-            raise serializers.ValidationError(
-                "The parameter_server strategy is not available yet; use allreduce."
-            )
-        return value
-
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         workload, entrypoint = attrs.get("workload", ""), attrs.get("entrypoint", "")
+        self._validate_roles(attrs)
         if bool(workload) == bool(entrypoint):
             raise serializers.ValidationError(
                 {
@@ -157,6 +166,34 @@ class JobSpecSerializer(serializers.Serializer):
         if len(str(attrs.get("hyperparameters", {}))) > 65536:
             raise serializers.ValidationError({"hyperparameters": ["Too large (64 KiB at most)."]})
         return attrs
+
+    @staticmethod
+    def _validate_roles(attrs: dict[str, Any]) -> None:
+        """A parameter_server job has roles (normalised here); an allreduce job has none."""
+        given = attrs.get("roles") or {}
+        if attrs.get("strategy") != Strategy.PARAMETER_SERVER:
+            if given:
+                raise serializers.ValidationError(
+                    {"roles": ["Roles are for the parameter_server strategy; allreduce uses nnodes."]}
+                )
+            return
+        try:
+            attrs["roles"] = job_roles.normalize(given)
+        except job_roles.RolesError as exc:
+            raise serializers.ValidationError({"roles": [str(exc)]}) from None
+        low, high = parse_nnodes(attrs.get("nnodes", "1"))
+        if low != high:
+            raise serializers.ValidationError(
+                {"nnodes": ["A parameter_server job runs on a fixed node count; its worker role is elastic."]}
+            )
+        if attrs.get("gpus_per_proc"):
+            raise serializers.ValidationError(
+                {"gpus_per_proc": ["parameter_server jobs run on CPU here; use gpus_per_proc 0."]}
+            )
+        if attrs.get("workload") and attrs["workload"] != "recsys-embedding":
+            raise serializers.ValidationError(
+                {"workload": ["Only recsys-embedding has a parameter_server version; or give an entrypoint."]}
+            )
 
     @staticmethod
     def _validate_workload(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +226,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Allocation
-        fields = ["node", "node_rank", "nproc", "gpu_indices", "state", "exit_info"]
+        fields = ["node", "node_rank", "nproc", "gpu_indices", "state", "exit_info", "processes"]
 
 
 class RoundSerializer(serializers.ModelSerializer):
@@ -251,6 +288,7 @@ class JobSerializer(serializers.ModelSerializer):
             "grace_period",
             "env",
             "hyperparameters",
+            "roles",
             "created_at",
             "started_at",
             "finished_at",
@@ -289,16 +327,31 @@ class JobDetailSerializer(JobSerializer):
 
 
 class ResizeSerializer(serializers.Serializer):
-    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES)
+    """``{"nodes": N}`` for an allreduce job; ``{"role": "worker" | "ps", "count": N}`` for a
+    parameter_server job."""
+
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False)
+    role = serializers.ChoiceField(choices=[job_roles.WORKER, job_roles.PS], required=False)
+    count = serializers.IntegerField(min_value=1, max_value=job_roles.MAX_WORKERS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "role" in attrs:
+            if "count" not in attrs:
+                raise serializers.ValidationError({"count": ["Give the role's new process count."]})
+            if "nodes" in attrs:
+                raise serializers.ValidationError({"nodes": ["Resize a role or the nodes, not both."]})
+        elif "nodes" not in attrs:
+            raise serializers.ValidationError({"nodes": ["Give nodes, or a role and its count."]})
+        return attrs
 
 
-def _control(call: Any, *args: Any) -> Job:
+def _control(call: Any, *args: Any, field: str = "nodes") -> Job:
     try:
         return call(*args)
     except Job.DoesNotExist:
         raise Http404("No such job.") from None
     except actions.InvalidRequest as exc:
-        raise serializers.ValidationError({"nodes": [str(exc)]}) from None
+        raise serializers.ValidationError({field: [str(exc)]}) from None
     except actions.ControlError as exc:
         raise Conflict(str(exc)) from None
 
@@ -363,7 +416,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def resize(self, request: Request, pk: str) -> Response:
         body = ResizeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        job = _control(actions.resize_job, self._id(pk), body.validated_data["nodes"], request.user)
+        data = body.validated_data
+        if "role" in data:
+            job = _control(
+                actions.resize_role, self._id(pk), data["role"], data["count"], request.user, field="count"
+            )
+        else:
+            job = _control(actions.resize_job, self._id(pk), data["nodes"], request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})

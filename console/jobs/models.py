@@ -78,6 +78,9 @@ class Job(models.Model):
     grace_period = models.FloatField(default=30.0, help_text="Seconds between SIGTERM and SIGKILL")
     env = models.JSONField(default=dict, blank=True)
     hyperparameters = models.JSONField(default=dict, blank=True)
+    # parameter_server only: {"ps": {"count": M, "mode": "async"}, "worker": {"count": N, "min": a,
+    # "max": b}} (console/jobs/roles.py checks it). Empty for allreduce.
+    roles = models.JSONField(default=dict, blank=True)
     # Life.
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     round_number = models.PositiveIntegerField(default=0, help_text="Current round; 0 before the first")
@@ -144,6 +147,14 @@ class Job(models.Model):
     @property
     def elastic(self) -> bool:
         return self.min_nodes < self.max_nodes
+
+    @property
+    def is_parameter_server(self) -> bool:
+        return self.strategy == Strategy.PARAMETER_SERVER
+
+    def role_count(self, role: str) -> int:
+        """The count the operator asked for of a parameter-server role ("ps" or "worker")."""
+        return int(self.roles.get(role, {}).get("count", 0))
 
     def current_round(self) -> Round | None:
         if not self.round_number:
@@ -212,6 +223,9 @@ class Allocation(models.Model):
     gpu_indices = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=AllocationState.choices, default=AllocationState.ASSIGNED)
     exit_info = models.JSONField(default=dict, blank=True)
+    # parameter_server only: this node's processes by local rank, [{"role", "index", "rank",
+    # "port"}] (port for the coordinator and PS, which listen); empty for allreduce.
+    processes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["round", "node_rank"]

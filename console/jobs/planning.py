@@ -38,10 +38,26 @@ class JobView:
     gpus_per_proc: int = 0
     priority: int = 0
     members: tuple[int, ...] = ()
+    # parameter_server jobs: the PS and worker counts (0 for allreduce).
+    ps_count: int = 0
+    workers: int = 0
 
     @property
     def elastic(self) -> bool:
         return self.min_nodes < self.max_nodes
+
+    @property
+    def parameter_server(self) -> bool:
+        return self.ps_count > 0
+
+    @property
+    def slots_per_node(self) -> int:
+        """CPU slots a node of the job needs: nproc_per_node, or for a parameter-server job its
+        share of the coordinator, the PS and the workers spread over ``desired_nodes``."""
+        if not self.parameter_server:
+            return self.nproc_per_node
+        total = 1 + self.ps_count + self.workers
+        return -(-total // max(1, self.desired_nodes))
 
     @property
     def gpus_per_node(self) -> int:
@@ -61,7 +77,7 @@ class Snapshot:
             return False
         if self.job.gpus_per_proc:
             return len(node.free_gpus) >= self.job.gpus_per_node
-        return node.free_slots >= self.job.nproc_per_node
+        return node.free_slots >= self.job.slots_per_node
 
     def members(self) -> list[NodeView]:
         """The current round's nodes in node-rank order."""
@@ -85,12 +101,23 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Process:
+    """One process of a parameter-server round: its role ("coordinator", "ps" or "worker"), its
+    index within the role and its rank among all the round's processes."""
+
+    role: str
+    index: int
+    rank: int
+
+
+@dataclass(frozen=True)
 class Placement:
     """A node's place in the next round."""
 
     node_id: int
     node_rank: int
     gpus: tuple[int, ...] = ()
+    processes: tuple[Process, ...] = ()  # parameter_server jobs only, by local rank
 
 
 @dataclass(frozen=True)
@@ -130,6 +157,64 @@ def assign_gpus(job: JobView, members: Sequence[NodeView]) -> tuple[Placement, .
     )
 
 
+def place_processes(ps_count: int, workers: int, nodes: int) -> tuple[tuple[Process, ...], ...]:
+    """A parameter-server round's processes on ``nodes`` nodes (by node rank): the coordinator,
+    then PS 0..M-1, then workers 0..N-1, dealt round-robin from node rank 0. The coordinator and
+    the PS come first, so their places depend on M and the node count only, not on N."""
+    processes = [Process("coordinator", 0, 0)]
+    processes += [Process("ps", i, 1 + i) for i in range(ps_count)]
+    processes += [Process("worker", j, 1 + ps_count + j) for j in range(workers)]
+    dealt: list[list[Process]] = [[] for _ in range(nodes)]
+    for process in processes:
+        dealt[process.rank % nodes].append(process)
+    return tuple(tuple(share) for share in dealt)
+
+
+def with_processes(job: JobView, placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
+    """``placements`` with each node's processes for a parameter-server job (as is otherwise).
+    A node that would get none is left out (more nodes than processes)."""
+    if not job.parameter_server or not placements:
+        return placements
+    shares = place_processes(job.ps_count, job.workers, len(placements))
+    return tuple(
+        Placement(p.node_id, p.node_rank, p.gpus, share)
+        for p, share in zip(placements, shares, strict=True)
+        if share
+    )
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """A parameter-server round's worker role resized in place: processes added (by node
+    position in node-rank order) and worker indexes removed. The PS and the coordinator stay."""
+
+    add: tuple[tuple[int, Process], ...]
+    remove: tuple[int, ...]
+
+
+def regroup_workers(
+    shares: Sequence[Sequence[Process]], live: Sequence[int], free: Sequence[int], count: int
+) -> Regroup | None:
+    """How to bring the round's live workers (indexes ``live``) to ``count``: shrinking removes
+    the highest indexes; growing deals new workers (indexes and ranks after every one the round
+    has had) to the node with the most ``free`` slots, the lowest node rank first. None when the
+    round's nodes have no room for them."""
+    if count <= len(live):
+        return Regroup((), tuple(sorted(live, reverse=True)[: len(live) - count]))
+    every = [p for share in shares for p in share]
+    index = 1 + max((p.index for p in every if p.role == "worker"), default=-1)
+    rank = 1 + max((p.rank for p in every), default=-1)
+    room = list(free)
+    added: list[tuple[int, Process]] = []
+    for offset in range(count - len(live)):
+        node = max(range(len(room)), key=lambda i: (room[i], -i), default=None)
+        if node is None or room[node] <= 0:
+            return None
+        room[node] -= 1
+        added.append((node, Process("worker", index + offset, rank + offset)))
+    return Regroup(tuple(added), ())
+
+
 def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
     """``members`` plus ``candidates`` in order until there are ``target``."""
     grown = list(members)
@@ -163,6 +248,9 @@ def choose(
     if reason is RoundReason.NODE_LOSS:
         refilled = fill(survivors, snap.free_fitting(leaving), job.desired_nodes)
         return refilled if len(refilled) >= job.min_nodes else []
+    if reason is RoundReason.RESIZE and job.parameter_server and len(survivors) >= job.min_nodes:
+        # Only the PS count is resized by a new round (workers change in place): same nodes.
+        return survivors
     # RESIZE and AUTOSCALE converge on the desired count: shrinking drops the highest node ranks.
     if len(survivors) > job.desired_nodes:
         keep = survivors[: job.desired_nodes]
@@ -197,7 +285,7 @@ def plan_round(
         stop = tuple(pk for pk in snap.job.members if pk not in kept)
     return Plan(
         reason=reason,
-        placements=assign_gpus(snap.job, members),
+        placements=with_processes(snap.job, assign_gpus(snap.job, members)),
         stop=tuple(stop),
         stop_at_once=broken and bool(members),
         charged=reason.charged,

@@ -20,6 +20,7 @@ from console.core.states import AllocationState, JobState
 from console.core.transport import send_on_commit
 from console.jobs.failures import failed, record_failure
 from console.jobs.models import Allocation, Job, Round
+from console.jobs.parameter_server import is_worker_exit, worker_exited
 from console.jobs.rounds import finish_job, send_stop
 from console.jobs.snapshot import live_allocations
 from console.jobs.spec import round_spec
@@ -71,7 +72,9 @@ def rank_exited(node_name: str, job_id: int, number: int, exit: protocol.RankExi
             return  # the same exit again: the first report already did everything below
         if exit.get("teardown"):
             _teardown_event(job, alloc, exit)
-        if failed(exit):
+        if is_worker_exit(job, alloc, exit):
+            worker_exited(job, alloc, exit, now)
+        elif failed(exit):
             record_failure(job, alloc, exit, now)
 
 

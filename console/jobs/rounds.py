@@ -63,22 +63,26 @@ def apply_plan(job: Job, plan: Plan, note: Note | None = None) -> Round | None:
 def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
     nodes = Node.objects.in_bulk(plan.node_ids)
     head = nodes[plan.placements[0].node_id]
+    processes = _process_rows(nodes, plan)
     rnd = Round.objects.create(
         job=job,
         number=job.round_number + 1,
         reason=plan.reason,
-        world_size=len(plan.placements) * job.nproc_per_node,
+        world_size=sum(len(rows) for rows in processes.values()) or len(plan.placements) * job.nproc_per_node,
         master_addr=head.address or head.hostname or "127.0.0.1",
-        master_port=_pick_port(head),
+        # A parameter-server round's "master" is its coordinator (on node rank 0).
+        master_port=processes[head.pk][0]["port"] if processes else _pick_port(head),
         charged=plan.charged,
     )
     for place in plan.placements:
+        rows = processes.get(place.node_id, [])
         Allocation.objects.create(
             round=rnd,
             node=nodes[place.node_id],
             node_rank=place.node_rank,
-            nproc=job.nproc_per_node,
+            nproc=len(rows) or job.nproc_per_node,
             gpu_indices=list(place.gpus),
+            processes=rows,
         )
     # A round that already ended (the job waited in the queue since) had its ranks stopped then.
     still_running = previous is not None and previous.ended_at is None
@@ -107,6 +111,25 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
     )
     events.job_changed(job)
     return rnd
+
+
+def _process_rows(nodes: dict[int, Node], plan: Plan) -> dict[int, list[dict[str, Any]]]:
+    """Each node's parameter-server processes as Allocation.processes stores them, with a port
+    for those that listen (coordinator, PS); {} for an allreduce plan."""
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for place in plan.placements:
+        if not place.processes:
+            continue
+        taken: set[int] = set()
+        share = []
+        for process in place.processes:
+            row: dict[str, Any] = {"role": process.role, "index": process.index, "rank": process.rank}
+            if process.role != "worker":
+                row["port"] = _pick_port(nodes[place.node_id], taken)
+                taken.add(row["port"])
+            share.append(row)
+        rows[place.node_id] = share
+    return rows
 
 
 def _requeue(job: Job, previous: Round | None, plan: Plan, note: Note | None) -> None:
@@ -142,7 +165,8 @@ def finish_job(job: Job, state: JobState, message: str, severity: str = Severity
     job.save(update_fields=["state", "finished_at", "failure", "restarts"])
     if rnd is not None:
         end_round(rnd, _OUTCOME_OF_ENDING[state])
-        if state is not JobState.SUCCEEDED:
+        # A parameter-server job succeeds when its workers are done: its PS still serve.
+        if state is not JobState.SUCCEEDED or job.is_parameter_server:
             _stop_on(job, rnd, [a.node_id for a in rnd.allocations.all()], job.grace_period)
     events.emit(f"job.{state.value.lower()}", message, job=job, severity=severity, **data)
     events.job_changed(job)
@@ -166,8 +190,8 @@ def _emit(job: Job, note: Note) -> None:
     events.emit(note.kind, note.message, job=job, node=note.node, severity=note.severity)
 
 
-def _pick_port(node: Node) -> int:
-    recent = set(
+def _pick_port(node: Node, taken: set[int] | None = None) -> int:
+    recent = set(taken or ()) | set(
         Round.objects.filter(
             allocations__node=node,
             allocations__node_rank=0,

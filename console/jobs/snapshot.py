@@ -42,6 +42,8 @@ def job_view(job: Job) -> JobView:
         gpus_per_proc=job.gpus_per_proc,
         priority=job.priority,
         members=tuple(n.pk for n in members(rnd)),
+        ps_count=job.role_count("ps") if job.is_parameter_server else 0,
+        workers=job.role_count("worker") if job.is_parameter_server else 0,
     )
 
 

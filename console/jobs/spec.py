@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from console.jobs.models import Allocation, Job, Round
@@ -19,7 +21,7 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
     if job.bundle_id and job.bundle:
         base = settings.TRAINYARD_PUBLIC_URL.rstrip("/")
         bundle = {"sha256": job.bundle.sha256, "url": f"{base}/api/v1/bundles/{job.bundle.sha256}/archive/"}
-    return {
+    spec: protocol.RoundSpec = {
         "job_id": job.pk,
         "round": rnd.number,
         "run_id": run_id(job),
@@ -44,3 +46,37 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
         "max_restarts": job.max_restarts,
         "grace_period": job.grace_period,
     }
+    if job.is_parameter_server and alloc.processes:
+        spec["nproc_per_node"] = len(alloc.processes)
+        spec["ps"] = ps_round(job, rnd, alloc)
+    return spec
+
+
+def ps_round(job: Job, rnd: Round, alloc: Allocation) -> protocol.PsRound:
+    """Where a parameter-server round's coordinator and PS listen, and this host's processes."""
+    coordinator = ""
+    addresses: dict[int, str] = {}
+    workers = 0
+    for other in rnd.allocations.select_related("node"):
+        host = other.node.address or other.node.hostname or "127.0.0.1"
+        for process in other.processes:
+            if process["role"] == "coordinator":
+                coordinator = f"{host}:{process['port']}"
+            elif process["role"] == "ps":
+                addresses[process["index"]] = f"{host}:{process['port']}"
+            elif not process.get("removed"):
+                workers += 1
+    return {
+        "mode": str(job.roles.get("ps", {}).get("mode", "async")),
+        "coordinator": coordinator,
+        "addresses": [addresses[i] for i in sorted(addresses)],
+        "worker_count": workers,
+        "processes": [_process(p) for p in alloc.processes],
+    }
+
+
+def _process(row: dict[str, Any]) -> protocol.PsProcess:
+    process: protocol.PsProcess = {"role": row["role"], "index": int(row["index"]), "rank": int(row["rank"])}
+    if row.get("removed"):
+        process["removed"] = True
+    return process

@@ -17,6 +17,7 @@ from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
+from console.jobs.parameter_server import role_rows
 from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
@@ -135,6 +136,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "config": config,
             "has_layers": any(n.startswith("grad_norm/") for n in config["names"]),
             "rank_choices": range(widest),
+            "role_rows": role_rows(job, current) if job.is_parameter_server else [],
             "can_operate": is_operator(request.user),
             "terminal": job.job_state.is_terminal,
             "nav": "jobs",
@@ -186,7 +188,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
             "catalog": workload_catalog(),
             "bundles": Bundle.objects.select_related("owner").order_by("-created_at")[:RECENT_BUNDLES],
             "precisions": Precision.values,
-            "strategies": [s for s in Strategy.values if s != Strategy.PARAMETER_SERVER],  # not available yet
+            "strategies": Strategy.values,
             "nav": "submit",
         },
     )

@@ -517,7 +517,25 @@ if (actions) {
       say(result.message, false);
     }
   };
-  $("resize-form").addEventListener("submit", (ev) => {
+  // A parameter_server job is resized by role (workers in place; ps through a new round).
+  const roleForm = $("role-resize-form");
+  if (roleForm) {
+    const role = $("resize-role");
+    const counts = JSON.parse(roleForm.dataset.counts || "{}");
+    role.addEventListener("change", () => { if (counts[role.value]) $("resize-count").value = counts[role.value]; });
+    roleForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const count = Number($("resize-count").value);
+      if (!Number.isInteger(count) || count < 1) {
+        say("The process count must be a whole number of at least 1.", false);
+        return;
+      }
+      await call("resize", { role: role.value, count }, ev.submitter || roleForm);
+      const row = document.querySelector(`#job-roles tr[data-role="${role.value}"] .role-count`);
+      if (row && message.classList.contains("ok")) row.textContent = String(count);
+    });
+  }
+  $("resize-form")?.addEventListener("submit", (ev) => {
     ev.preventDefault();
     const input = $("resize-nodes");
     const nodes = Number(input.value);

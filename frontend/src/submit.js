@@ -37,6 +37,15 @@ if (workload && workload.tagName === "SELECT") {
   syncWorkload();
 }
 
+// The roles of a parameter_server job: shown only for that strategy.
+const strategy = form.elements.strategy;
+const rolesFieldset = document.getElementById("ps-roles");
+function syncStrategy() {
+  rolesFieldset.hidden = strategy.value !== "parameter_server";
+}
+strategy.addEventListener("change", syncStrategy);
+syncStrategy();
+
 function clearErrors() {
   formError.hidden = true;
   formError.textContent = "";
@@ -88,6 +97,12 @@ function buildSpec() {
     priority: intField("priority"),
     grace_period: floatField("grace_period"),
   };
+  if (spec.strategy === "parameter_server") {
+    spec.roles = {
+      ps: { count: intField("ps_count"), mode: form.elements.ps_mode.value },
+      worker: { count: intField("worker_count"), min: intField("worker_min"), max: intField("worker_max") },
+    };
+  }
   const env = parseEnv(form.elements.env.value);
   if (env.error) return { error: ["env", env.error] };
   spec.env = env.value;

@@ -7,7 +7,7 @@ After E epochs with every gradient applied exactly once, every row is -E and the
 -(batches per epoch * E), whatever the bookkeeping claims.
 
 Usage: ps_count_worker.py SUMMARY_JSON --examples N --shard-size S --batch-size B [--epochs E]
-[--sleep SECONDS] [--hold FILE] [--dim D]; SIGTERM leaves after the current batch (its shard goes
+[--sleep SECONDS] [--hold FILE] [--dim D] ("{index}" in SUMMARY_JSON: the worker's index); SIGTERM leaves after the current batch (its shard goes
 back to the queue). After the first push it writes SUMMARY_JSON.first (start and first-push times).
 """
 
@@ -37,6 +37,8 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=1, help="row width (the memory test uses wide rows)")
     parser.add_argument("--hold", help="while this file exists, wait before each batch")
     args = parser.parse_args()
+    # Several workers of one console job share the argument: "{index}" is the worker's index.
+    args.summary = args.summary.replace("{index}", os.environ.get("TRAINYARD_PS_INDEX", "0"))
     started = time.time()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -58,7 +60,9 @@ def main() -> int:
             loss.backward()
         if ps.pushes == 1:
             with open(args.summary + ".first", "w") as handle:
-                json.dump({"started_at": started, "first_push_at": ps.first_push_at}, handle)
+                json.dump(
+                    {"started_at": started, "first_push_at": ps.first_push_at, "pid": os.getpid()}, handle
+                )
         if args.sleep:
             time.sleep(args.sleep)
         if stop:

@@ -28,6 +28,7 @@ from workers.agent import runner
 from workers.agent.config import AgentConfig
 from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
+from workers.ps import contract as ps_contract
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,63 @@ class RankFiles:
 
 
 def global_rank(spec: RoundSpec, local_rank: int) -> int:
+    if "ps" in spec:
+        return spec["ps"]["processes"][local_rank]["rank"]
     return spec["node_rank"] * spec["nproc_per_node"] + local_rank
+
+
+def ps_role(spec: RoundSpec, local_rank: int) -> str:
+    """The parameter-server role of a local rank ("coordinator", "ps", "worker"), "" otherwise."""
+    return spec["ps"]["processes"][local_rank]["role"] if "ps" in spec else ""
+
+
+def survivable(spec: RoundSpec, local_rank: int) -> bool:
+    """Whether the rest of the round keeps running when this rank fails: a parameter-server
+    worker's shard is re-queued by the coordinator on lease expiry, so its loss costs the PS and
+    the other workers nothing (the controller decides what it costs the job)."""
+    return ps_role(spec, local_rank) == ps_contract.Role.WORKER
+
+
+def removed(spec: RoundSpec, local_rank: int) -> bool:
+    """A parameter-server worker the controller took out of the round (its role shrank)."""
+    processes = spec["ps"]["processes"] if "ps" in spec else []
+    return local_rank < len(processes) and bool(processes[local_rank].get("removed"))
+
+
+def regroup(spec: RoundSpec, started: set[int]) -> tuple[list[int], set[int]]:
+    """For a round whose local ranks ``started`` were started, given its updated spec: the local
+    ranks to start (workers added) and those to stop (workers removed)."""
+    processes = spec["ps"]["processes"] if "ps" in spec else []
+    start = [i for i, p in enumerate(processes) if i not in started and not p.get("removed")]
+    stop = {i for i in started if i < len(processes) and processes[i].get("removed")}
+    return start, stop
+
+
+def ps_env(config: AgentConfig, spec: RoundSpec, local_rank: int) -> dict[str, str]:
+    """workers/ps/contract.py's variables for a parameter-server rank. Tunables the job sets
+    (TRAINYARD_PS_LEASE_S ...) stay; the process's place comes from the round."""
+    layout = spec["ps"]
+    process = layout["processes"][local_rank]
+    env = {
+        ps_contract.ENV_ROLE: process["role"],
+        ps_contract.ENV_INDEX: str(process["index"]),
+        ps_contract.ENV_PS_COUNT: str(len(layout["addresses"])),
+        ps_contract.ENV_WORKER_COUNT: str(layout["worker_count"]),
+        ps_contract.ENV_ADDRESSES: ",".join(layout["addresses"]),
+        ps_contract.ENV_COORDINATOR: layout["coordinator"],
+        ps_contract.ENV_MODE: layout["mode"],
+        # The processes of a PS job form no torch.distributed group (hybrid mode is not offered).
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "ROLE_NAME": process["role"],
+        "ROLE_RANK": str(process["index"]),
+    }
+    if not spec["env"].get(ps_contract.ENV_CHECKPOINT_DIR):
+        # Per job and host: a PS restarted on this host (a failure round) resumes from it.
+        env[ps_contract.ENV_CHECKPOINT_DIR] = str(config.checkpoint_dir(spec["run_id"]) / "ps")
+    if process["role"] == ps_contract.Role.WORKER:
+        env[ps_contract.ENV_WORKER_ID] = f"worker-{process['index']}-r{spec['round']}-{config.name}"
+    return env
 
 
 def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankFiles) -> dict[str, str]:
@@ -118,6 +175,8 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_STRATEGY: spec["strategy"],
         }
     )
+    if "ps" in spec:
+        env.update(ps_env(config, spec, local_rank))
     return env
 
 
@@ -128,8 +187,13 @@ class Command:
     cwd: Path | None
 
 
-def rank_command(spec: RoundSpec, bundle_dir: Path | None) -> Command:
+def rank_command(spec: RoundSpec, bundle_dir: Path | None, local_rank: int = 0) -> Command:
     cwd = bundle_dir or (Path(spec["workdir"]) if spec["workdir"] else None)
+    role = ps_role(spec, local_rank)
+    if role in (ps_contract.Role.COORDINATOR, ps_contract.Role.PS):
+        # The PS runtime's own servers; the job's workload or entrypoint is the worker's code.
+        module = "workers.ps.coordinator" if role == ps_contract.Role.COORDINATOR else "workers.ps.server"
+        return Command(sys.executable, ("-m", module), cwd)
     args = tuple(str(arg) for arg in spec["args"])
     if spec["workload"]:
         return Command(sys.executable, ("-m", "workers.workloads", spec["workload"], *args), cwd)

@@ -41,7 +41,10 @@ from workers.agent.launcher import (
     global_rank,
     rank_command,
     rank_env,
+    regroup,
+    removed,
     start_rank,
+    survivable,
 )
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.retention import prune_rounds
@@ -330,6 +333,8 @@ class Supervisor(threading.Thread):
             )
             return
         if number in slot.held_rounds():
+            if slot.active is not None and slot.active.number == number and "ps" in spec:
+                self._regroup(slot.active, spec)  # or a parameter-server round's workers resized
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
@@ -381,24 +386,14 @@ class Supervisor(threading.Thread):
     def _spawn(self, local: LocalRound, bundle_dir: Path | None) -> None:
         spec = local.spec
         try:
-            command = rank_command(spec, bundle_dir)
             self._config.checkpoint_dir(spec["run_id"]).mkdir(parents=True, exist_ok=True)
             if self._pool is not None:
                 self._pool.hold(spec["nproc_per_node"])
-            starts = []
-            for local_rank in range(spec["nproc_per_node"]):
-                files = RankFiles.for_rank(self._config, spec, local_rank)
-                files.prepare()
-                env = rank_env(self._config, spec, local_rank, files)
-                env[ENV_AGENT_SESSION] = self._session
-                handler, how = start_rank(command, env, files, local_rank, self._pool)
-                starts.append(how)
-                self._reaper.watch(handler.proc.pid)
-                rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
-                local.ranks.append(rank)
-                self._shipper.add(
-                    spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
-                )
+            starts = [
+                self._spawn_rank(local, bundle_dir, i)
+                for i in range(spec["nproc_per_node"])
+                if not removed(spec, i)  # a resized round sent again (sync, agent restart)
+            ]
         except (LaunchError, OSError) as exc:
             logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
             self._fail_launch(local, str(exc))
@@ -411,6 +406,42 @@ class Supervisor(threading.Thread):
             [r.rank for r in local.ranks],
             [r.pid for r in local.ranks],
             starts,
+        )
+
+    def _spawn_rank(self, local: LocalRound, bundle_dir: Path | None, local_rank: int) -> str:
+        spec = local.spec
+        files = RankFiles.for_rank(self._config, spec, local_rank)
+        files.prepare()
+        command = rank_command(spec, bundle_dir, local_rank)
+        env = rank_env(self._config, spec, local_rank, files)
+        env[ENV_AGENT_SESSION] = self._session
+        handler, how = start_rank(command, env, files, local_rank, self._pool)
+        self._reaper.watch(handler.proc.pid)
+        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
+        local.ranks.append(rank)
+        self._shipper.add(
+            spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
+        )
+        return how
+
+    def _regroup(self, local: LocalRound, spec: RoundSpec) -> None:
+        """A parameter-server round's worker role resized in place (launcher.regroup says what
+        starts and stops); the other ranks run on untouched."""
+        local.spec = spec
+        if local.state is not RoundState.RUNNING or local.stop_reason:
+            return  # not spawned yet (it will use the new spec), or on its way out
+        start, stop = regroup(spec, {rank.local_rank for rank in local.ranks})
+        for rank in local.ranks:
+            if rank.local_rank in stop and rank.state == RankState.RUNNING:
+                _killpg(rank.pid, signal.SIGTERM)
+        try:
+            bundle_dir = fetch_bundle(self._config, spec) if start else None  # cached by now
+            for local_rank in start:
+                self._spawn_rank(local, bundle_dir, local_rank)
+        except (LaunchError, OSError) as exc:
+            logger.error("job %s round %s: cannot start more workers: %s", local.job_id, local.number, exc)
+        logger.info(
+            "job %s round %s regrouped: started %s, stopping %s", local.job_id, local.number, start, stop
         )
 
     def _fail_launch(self, local: LocalRound, message: str) -> None:
@@ -509,7 +540,7 @@ class Supervisor(threading.Thread):
         self._reaper.forget(rank.pid)
         rank.handler.close_files()
         self._shipper.finish(local.job_id, local.number, rank.rank)
-        if local.stop_reason:
+        if local.stop_reason or removed(local.spec, rank.local_rank):
             rank.state = RankState.STOPPED
             return
         teardown = ""
@@ -546,7 +577,7 @@ class Supervisor(threading.Thread):
             exit_["signal"] or returncode,
         )
         self._control.send(protocol.CONTROL_RANK_EXITED, job_id=local.job_id, round=local.number, exit=exit_)
-        if returncode != 0:
+        if returncode != 0 and not survivable(local.spec, rank.local_rank):
             local.failures.append(exit_)
             # Like torchrun's local agent: one failed rank fails the local worker group.
             self._begin_stop(local, self._grace(local.spec), "failure")

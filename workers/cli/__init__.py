@@ -5,6 +5,7 @@
     trainyard submit job.yaml [--set nproc_per_node=2] [--bundle ./src [--exclude 'data/']]
     trainyard ls [--state RUNNING] [--json]      trainyard show 12
     trainyard scale 12 3    trainyard restart 12    trainyard stop 12
+    trainyard scale 12 4 --role worker   (a parameter_server job: its worker or ps role)
     trainyard logs 12 [--rank 0] [--grep loss] [-f]   trainyard events 12   trainyard checkpoints 12
     trainyard metrics 12 [--name loss] [--follow]
     trainyard nodes    trainyard drain gpu-01    trainyard undrain gpu-01    trainyard top

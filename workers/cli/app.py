@@ -499,12 +499,20 @@ def job_action(path: str, body: Any, as_json: bool) -> None:
 @app.command()
 def scale(
     job: JobId,
-    nodes: Annotated[int, typer.Argument(help="The number of nodes wanted.", min=1)],
+    nodes: Annotated[int, typer.Argument(help="The number of nodes wanted (with --role: processes).", min=1)],
+    role: Annotated[
+        str | None,
+        typer.Option(
+            "--role", help="Resize this role of a parameter_server job: worker or ps.", show_default=False
+        ),
+    ] = None,
     json_flag: JsonOption = False,
     output: OutputOption = None,
 ) -> None:
-    """Resize a job to NODES nodes (within its MIN:MAX)."""
-    job_action(f"jobs/{job}/resize/", {"nodes": nodes}, wants_json(json_flag, output))
+    """Resize a job to NODES nodes (within its MIN:MAX), or a parameter_server job's role to NODES
+    processes (--role worker: in place; --role ps: a new round)."""
+    body = {"role": role, "count": nodes} if role else {"nodes": nodes}
+    job_action(f"jobs/{job}/resize/", body, wants_json(json_flag, output))
 
 
 @app.command()

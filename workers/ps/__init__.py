@@ -13,13 +13,12 @@ Modules:
 - ``stats.py``: statistics every process reports through the SDK's telemetry.
 - ``local.py``: starts a whole job on this host (tests, ``bench/ps``).
 
-How the console will run it (next round): the controller allocates a port for the coordinator and
-for each PS, and starts three kinds of process through the agents, each with
-``PsEnv(...).to_environ()``: the coordinator (one, on any host), M PS and N workers, the latter two
-shown and resized as separate roles. Resizing workers (async/sync) starts or stops worker
-processes only; hybrid workers form a DDP group, so a worker resize there is a new worker round
-(new MASTER_PORT) that leaves the PS and the coordinator running. Changing M stops every PS with
-SIGTERM (each writes a final checkpoint), starts M' PS that re-shard from it, and restarts the
-workers with the new address list. A PS that dies is restarted at the same address and resumes
-from its checkpoint while the workers retry (TRAINYARD_PS_RETRY_S).
+How the console runs it: the controller places the coordinator (one, on node rank 0), M PS
+and N workers on the job's nodes and picks the coordinator's and each PS's port; the
+agent starts each as a rank with ``PsEnv``'s variables (workers/agent/launcher.py ``ps_env``). The
+worker role is resized in place (workers started or stopped within the running round; the PS and
+the coordinator run on) and a worker's exit never stops the round. Changing M is a new round: every
+PS gets SIGTERM (each writes a final checkpoint) and M' PS re-shard from it. A PS that dies fails
+the round: the next one resumes every PS from its checkpoint. Hybrid mode is not offered by the
+console yet (its workers' DDP group would have to re-form on every worker change).
 """

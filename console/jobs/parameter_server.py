@@ -1,0 +1,190 @@
+"""What a parameter-server worker's exit means for its job.
+
+A worker's data shards are leased from the job's coordinator (workers/ps/coordinator.py): when a
+worker dies its lease runs out and another worker does the shard again, and the PS apply each
+batch's gradient once (pushes carry their (epoch, shard, batch) key). So a worker that ends, by
+success or failure, changes no round: the agent keeps the PS and the other workers running
+(workers/agent/launcher.py's ``survivable``) and the controller only counts. The job succeeds
+once every worker of the round has ended and at least one finished its work; the PS and the
+coordinator, which serve until told to stop, are then stopped (they write a final checkpoint).
+A PS or coordinator that fails is a rank failure like any other: the round restarts and the PS
+resume from their checkpoints.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from console.core.states import JobState
+from console.core.transport import send_on_commit
+from console.jobs.failures import describe, failed, record_failure
+from console.jobs.models import Allocation, Job, Round
+from console.jobs.planning import Process, Regroup, regroup_workers
+from console.jobs.rounds import finish_job
+from console.jobs.snapshot import node_views
+from console.jobs.spec import round_spec
+from console.telemetry import events
+from console.telemetry.models import Severity
+from workers import protocol
+
+
+class NoRoom(Exception):
+    """The round's nodes have no free slots for the workers asked for."""
+
+
+def process_of(alloc: Allocation, exit: protocol.RankExit) -> dict[str, Any] | None:
+    """The allocation's process (role, index, rank) that ``exit`` reports, if it has one."""
+    local_rank = exit.get("local_rank", -1)
+    if 0 <= local_rank < len(alloc.processes):
+        return dict(alloc.processes[local_rank])
+    return None
+
+
+def is_worker_exit(job: Job, alloc: Allocation, exit: protocol.RankExit) -> bool:
+    process = process_of(alloc, exit) if job.is_parameter_server else None
+    return process is not None and process["role"] == "worker"
+
+
+def worker_tally(rnd: Round) -> tuple[int, int, int]:
+    """(workers, ended, succeeded) of a parameter-server round, from the exits recorded so far."""
+    workers = ended = succeeded = 0
+    for alloc in rnd.allocations.all():
+        exits = {e.get("local_rank"): e for e in alloc.exit_info.get("exits", [])}
+        for local_rank, process in enumerate(alloc.processes):
+            if process["role"] != "worker" or process.get("removed"):
+                continue
+            workers += 1
+            exit = exits.get(local_rank)
+            if exit is not None:
+                ended += 1
+                succeeded += not failed(exit)
+    return workers, ended, succeeded
+
+
+def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
+    """A worker of ``job``'s current round ended (its exit is recorded on ``alloc`` already)."""
+    process = process_of(alloc, exit)
+    assert process is not None
+    if failed(exit):
+        cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
+        events.emit(
+            "ps.worker_lost",
+            f"Worker {process['index']} on {alloc.node.name} ended with {describe(cause)}; its shard "
+            "goes back to the queue, the PS and the other workers carry on",
+            job=job,
+            node=alloc.node,
+            severity=Severity.WARNING,
+            worker=process["index"],
+            exit_code=exit.get("exit_code"),
+            signal=exit.get("signal"),
+        )
+    _end_if_done(job, alloc, exit, now)
+
+
+def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, now: datetime) -> None:
+    workers, ended, succeeded = worker_tally(alloc.round)
+    if ended < workers:
+        return
+    if succeeded:
+        finish_job(
+            job,
+            JobState.SUCCEEDED,
+            f"Succeeded in round {alloc.round.number}: {succeeded} of {workers} worker(s) finished",
+        )
+    elif exit is not None:
+        record_failure(job, alloc, exit, now)  # every worker failed: the round failed
+
+
+def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
+    """Bring the current round's live workers to ``count`` in place: new worker processes start
+    on the round's nodes with room, removed ones are stopped; the PS, the coordinator and the
+    other workers run on (the coordinator's leases hand the new workers shards). Raises NoRoom."""
+    rnd = job.current_round()
+    assert rnd is not None
+    allocs = list(
+        rnd.allocations.select_for_update(of=("self",)).select_related("node").order_by("node_rank")
+    )
+    free_slots = node_views(exclude_job=job)
+    shares, live, free = [], [], []
+    for alloc in allocs:
+        ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+        share = [Process(p["role"], p["index"], p["rank"]) for p in alloc.processes]
+        running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
+        shares.append(share)
+        live += [p["index"] for p in running if p["role"] == "worker"]
+        # A host whose part of the round has ended (all its workers done) has closed it: no new
+        # ranks start there in this round.
+        free.append(free_slots[alloc.node_id].free_slots - len(running) if alloc.is_live else 0)
+    regroup = regroup_workers(shares, live, free, count)
+    if regroup is None:
+        raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
+    changed: set[int] = set()
+    for position, process in regroup.add:
+        allocs[position].processes = [
+            *allocs[position].processes,
+            {"role": process.role, "index": process.index, "rank": process.rank},
+        ]
+        changed.add(position)
+    for position, alloc in enumerate(allocs):
+        rows = [dict(p) for p in alloc.processes]
+        for row in rows:
+            if row["role"] == "worker" and row["index"] in regroup.remove:
+                row["removed"] = True
+                changed.add(position)
+        alloc.processes = rows
+    total = 0
+    for alloc in allocs:
+        alloc.nproc = max(1, sum(1 for p in alloc.processes if not p.get("removed")))
+        total += sum(1 for p in alloc.processes if not p.get("removed"))
+        alloc.save(update_fields=["processes", "nproc"])
+    rnd.world_size = max(1, total)
+    rnd.save(update_fields=["world_size"])
+    for position in sorted(changed):
+        alloc = allocs[position]
+        send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
+    added = [p.index for _, p in regroup.add]
+    events.emit(
+        "ps.workers_resized",
+        f"Worker role resized in place to {count}: "
+        + (f"started worker(s) {added}" if added else f"stopping worker(s) {list(regroup.remove)}")
+        + "; the PS and the other workers run on",
+        job=job,
+        workers=count,
+        added=added,
+        removed=list(regroup.remove),
+    )
+    if regroup.remove:
+        _end_if_done(job, allocs[0], None, now)
+    return regroup
+
+
+def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:
+    """What the job page shows of each role: the count asked for, the processes of the current
+    round still running (a worker that ended or was removed is not) and where they run."""
+    where: dict[str, dict[str, list[int]]] = {"ps": {}, "worker": {}}
+    if rnd is not None and rnd.ended_at is None:
+        for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
+            ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+            for local_rank, process in enumerate(alloc.processes):
+                role = "ps" if process["role"] == "coordinator" else process["role"]
+                if process.get("removed") or local_rank in ended or process["role"] == "coordinator":
+                    continue
+                where[role].setdefault(alloc.node.name, []).append(int(process["index"]))
+    rows = []
+    for role in ("ps", "worker"):
+        spec = job.roles.get(role, {})
+        placed = where[role]
+        rows.append(
+            {
+                "role": role,
+                "count": spec.get("count", 0),
+                "range": f"{spec['min']}..{spec['max']}" if role == "worker" else "",
+                "mode": spec.get("mode", "") if role == "ps" else "",
+                "running": sum(len(v) for v in placed.values()),
+                "where": "; ".join(
+                    f"{node}: {', '.join(map(str, sorted(ix)))}" for node, ix in placed.items()
+                ),
+            }
+        )
+    return rows

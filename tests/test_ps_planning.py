@@ -1,0 +1,236 @@
+"""Parameter-server jobs in the console, decided without a database or processes: the roles a
+spec gives (checked and normalised), where the coordinator, PS and workers go, and what the
+agent starts for each local rank (role, index, addresses; which failures the round survives)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from console.core.states import RoundReason
+from console.jobs import roles
+from console.jobs.planning import (
+    JobView,
+    NodeView,
+    Process,
+    Regroup,
+    Snapshot,
+    place_processes,
+    plan_round,
+    regroup_workers,
+)
+from workers.agent import launcher
+from workers.agent.config import AgentConfig
+from workers.protocol import PsProcess, RoundSpec
+from workers.ps import contract
+
+
+def ps_job(nodes: int = 2, ps: int = 2, workers: int = 3, members: tuple[int, ...] = ()) -> JobView:
+    return JobView(
+        id=9,
+        name="ps",
+        min_nodes=nodes,
+        max_nodes=nodes,
+        desired_nodes=nodes,
+        members=members,
+        ps_count=ps,
+        workers=workers,
+    )
+
+
+def nodes(*slots: int) -> dict[int, NodeView]:
+    return {
+        i + 1: NodeView(id=i + 1, name=f"n{i}", takes_work=True, free_slots=s) for i, s in enumerate(slots)
+    }
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+
+def test_roles_are_normalised_with_defaults() -> None:
+    assert roles.normalize({"ps": {"count": 2}, "worker": {"count": 3, "min": 1, "max": 8}}) == {
+        "ps": {"count": 2, "mode": "async"},
+        "worker": {"count": 3, "min": 1, "max": 8},
+    }
+    assert roles.normalize({"ps": {"count": 1, "mode": "sync"}, "worker": {"count": 2}})["worker"] == {
+        "count": 2,
+        "min": 1,
+        "max": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "fragment"),
+    [
+        ([], "must be a mapping"),
+        ({"worker": {"count": 1}}, "roles.ps is required"),
+        ({"ps": {"count": 1}, "worker": {"count": 1}, "chief": {}}, "unknown role"),
+        ({"ps": {"count": 0}, "worker": {"count": 1}}, "roles.ps.count must be between 1"),
+        ({"ps": {"count": "2"}, "worker": {"count": 1}}, "whole number"),
+        ({"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 1}}, "roles.ps.mode"),
+        ({"ps": {"count": 1}, "worker": {"count": 5, "max": 4}}, "within min..max"),
+        ({"ps": {"count": 1}, "worker": {"count": 2, "min": 3, "max": 2}}, "larger than"),
+        ({"ps": {"count": 1, "size": 3}, "worker": {"count": 1}}, "unknown role field"),
+    ],
+)
+def test_bad_roles_are_refused_with_the_field_named(given: object, fragment: str) -> None:
+    with pytest.raises(roles.RolesError) as caught:
+        roles.normalize(given)
+    assert fragment.lower() in str(caught.value).lower()
+
+
+def test_a_role_is_resized_within_its_range_only() -> None:
+    normal = roles.normalize({"ps": {"count": 2}, "worker": {"count": 3, "min": 1, "max": 8}})
+    assert roles.resized(normal, "worker", 5)["worker"]["count"] == 5
+    assert roles.resized(normal, "worker", 5)["ps"] == normal["ps"]
+    with pytest.raises(roles.RolesError, match=r"1\.\.8"):
+        roles.resized(normal, "worker", 9)
+    with pytest.raises(roles.RolesError, match="Unknown role"):
+        roles.resized(normal, "chief", 1)
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+def test_processes_are_dealt_round_robin_with_the_servers_first() -> None:
+    shares = place_processes(2, 3, 2)
+    assert shares == (
+        (Process("coordinator", 0, 0), Process("ps", 1, 2), Process("worker", 1, 4)),
+        (Process("ps", 0, 1), Process("worker", 0, 3), Process("worker", 2, 5)),
+    )
+    # The servers' places do not depend on the worker count.
+    for workers in (1, 4, 7):
+        servers = [[p for p in share if p.role != "worker"] for share in place_processes(2, workers, 2)]
+        assert servers == [[p for p in share if p.role != "worker"] for share in shares]
+
+
+def test_a_ps_job_needs_room_for_its_share_of_processes_on_each_node() -> None:
+    job = ps_job(nodes=2, ps=2, workers=3)  # 6 processes: 3 a node
+    assert job.slots_per_node == 3
+    assert plan_round(Snapshot(job, nodes(3, 2)), RoundReason.START) is None
+    plan = plan_round(Snapshot(job, nodes(3, 4)), RoundReason.START)
+    assert plan is not None
+    assert [p.node_id for p in plan.placements] == [1, 2]
+    assert [[(x.role, x.index) for x in p.processes] for p in plan.placements] == [
+        [("coordinator", 0), ("ps", 1), ("worker", 1)],
+        [("ps", 0), ("worker", 0), ("worker", 2)],
+    ]
+
+
+def test_an_allreduce_plan_has_no_processes() -> None:
+    job = JobView(id=1, name="a", min_nodes=1, max_nodes=1, desired_nodes=1, nproc_per_node=2)
+    plan = plan_round(Snapshot(job, nodes(2)), RoundReason.START)
+    assert plan is not None and plan.placements[0].processes == ()
+
+
+def test_a_failure_round_keeps_every_server_on_its_node() -> None:
+    job = ps_job(nodes=2, members=(2, 1))
+    plan = plan_round(Snapshot(job, nodes(3, 3)), RoundReason.FAILURE, previous_failed=True)
+    assert plan is not None and [p.node_id for p in plan.placements] == [2, 1]
+    assert [x.role for x in plan.placements[0].processes] == ["coordinator", "ps", "worker"]
+
+
+# --- what the agent starts -----------------------------------------------------------------
+
+
+def spec(processes: list[PsProcess]) -> RoundSpec:
+    return {
+        "job_id": 3,
+        "round": 2,
+        "run_id": "run-3",
+        "node_rank": 1,
+        "nnodes": 2,
+        "nproc_per_node": len(processes),
+        "world_size": 6,
+        "master_addr": "10.0.0.1",
+        "master_port": 23000,
+        "workload": "recsys-embedding",
+        "entrypoint": "",
+        "args": [],
+        "bundle": None,
+        "workdir": "",
+        "env": {"TRAINYARD_PS_LEASE_S": "2.5"},
+        "hyperparameters": {},
+        "strategy": "parameter_server",
+        "precision": "fp32",
+        "grad_accum_steps": 1,
+        "gpu_indices": [],
+        "restart_count": 0,
+        "max_restarts": 3,
+        "grace_period": 5.0,
+        "ps": {
+            "mode": "async",
+            "coordinator": "10.0.0.1:23000",
+            "addresses": ["10.0.0.2:23001", "10.0.0.1:23002"],
+            "worker_count": 3,
+            "processes": processes,
+        },
+    }
+
+
+def test_each_local_rank_gets_its_role_and_the_addresses(tmp_path: Path) -> None:
+    round_spec = spec([{"role": "ps", "index": 0, "rank": 1}, {"role": "worker", "index": 2, "rank": 5}])
+    config = AgentConfig(
+        name="n1",
+        broker_url="redis://x",
+        token="t",
+        address="",
+        slots=4,
+        heartbeat=1.0,
+        data_dir=tmp_path / "data",
+        checkpoint_root=tmp_path / "ckpt",
+    )
+    files = launcher.RankFiles.for_rank(config, round_spec, 0)
+    server = contract.from_environ(launcher.rank_env(config, round_spec, 0, files))
+    assert (server.role, server.index, server.listen_address) == (contract.Role.PS, 0, "10.0.0.2:23001")
+    assert server.coordinator == "10.0.0.1:23000" and server.lease_s == 2.5
+    assert server.checkpoint_dir.endswith("/ps")
+    worker_env = launcher.rank_env(config, round_spec, 1, files)
+    worker = contract.from_environ(worker_env)
+    assert (worker.role, worker.index, worker.worker_count) == (contract.Role.WORKER, 2, 3)
+    assert worker_env["WORLD_SIZE"] == "1" and worker_env["RANK"] == "5"
+    assert launcher.global_rank(round_spec, 1) == 5
+    assert launcher.rank_command(round_spec, None, 0).args == ("-m", "workers.ps.server")
+    assert launcher.rank_command(round_spec, None, 1).args[:3] == (
+        "-m",
+        "workers.workloads",
+        "recsys-embedding",
+    )
+    assert not launcher.survivable(round_spec, 0) and launcher.survivable(round_spec, 1)
+
+
+def test_the_coordinator_runs_the_coordinator_module() -> None:
+    round_spec = spec([{"role": "coordinator", "index": 0, "rank": 0}])
+    assert launcher.rank_command(round_spec, None, 0).args == ("-m", "workers.ps.coordinator")
+    assert not launcher.survivable(round_spec, 0)
+
+
+# --- the worker role resized in place ------------------------------------------------------
+
+
+def test_growing_workers_deals_them_to_the_roomiest_node_after_every_index_used() -> None:
+    shares = place_processes(2, 3, 2)
+    grown = regroup_workers(shares, live=[0, 2], free=[1, 2], count=4)  # worker 1 has ended
+    assert grown == Regroup(add=((1, Process("worker", 3, 6)), (0, Process("worker", 4, 7))), remove=())
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=4) is None  # no room
+
+
+def test_shrinking_workers_removes_the_highest_indexes() -> None:
+    shares = place_processes(2, 3, 2)
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=1) == Regroup((), (2, 1))
+    assert regroup_workers(shares, live=[0, 1, 2], free=[0, 0], count=3) == Regroup((), ())
+
+
+def test_the_agent_starts_added_workers_and_stops_removed_ones() -> None:
+    round_spec = spec(
+        [
+            {"role": "ps", "index": 0, "rank": 1},
+            {"role": "worker", "index": 0, "rank": 3, "removed": True},
+            {"role": "worker", "index": 3, "rank": 6},
+        ]
+    )
+    assert launcher.regroup(round_spec, {0, 1}) == ([2], {1})
+    assert launcher.regroup(round_spec, {0, 1, 2}) == ([], {1})
+    assert launcher.regroup(round_spec, {0, 2}) == ([], set())  # started without the removed one
+    assert launcher.removed(round_spec, 1) and not launcher.removed(round_spec, 2)
