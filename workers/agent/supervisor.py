@@ -37,6 +37,7 @@ from workers.agent.launcher import (
     LaunchError,
     RankFiles,
     RankHandler,
+    carried_ranks,
     fetch_bundle,
     global_rank,
     rank_command,
@@ -45,12 +46,14 @@ from workers.agent.launcher import (
     removed,
     start_rank,
     survivable,
+    write_rank_control,
 )
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
 from workers.protocol import RankExit, RankState, RankStatus, RoundSpec, RoundState, RoundStatus
+from workers.sdk.elastic import FAILED, FORMED, LEFT, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class Rank:
     handler: RankHandler
     state: RankState = RankState.RUNNING
     killed_in_teardown: bool = False
+    origin_round: int = -1  # the round it was started for (its files live there)
 
     @property
     def pid(self) -> int:
@@ -134,8 +138,11 @@ class JobSlot:
     last_ended: LocalRound | None = None
 
     def held_rounds(self) -> list[int]:
-        """The rounds this host still holds for the job: active, last ended, pending."""
+        """The rounds this host still holds for the job: active, last ended, pending, and those
+        whose directories hold the files of ranks carried into the active round."""
         held = [local.number for local in (self.active, self.last_ended) if local is not None]
+        if self.active is not None:
+            held += sorted({r.origin_round for r in self.active.ranks if r.origin_round >= 0} - set(held))
         if self.pending is not None:
             held.append(self.pending["round"])
         return held
@@ -201,6 +208,21 @@ def seconds_since_code_ended(files: RankFiles) -> float | None:
         return None
 
 
+def inplace_state(local: LocalRound) -> tuple[str, str]:
+    """An in-place round's progress on this host, from its ranks' SDK state files: "formed" once
+    every local rank formed the round's group, "failed" (with the reason) when one could not."""
+    states = [read_state(rank.files.control) for rank in local.ranks]
+    for state in states:
+        if state is not None and state.get("round") == local.number and state.get("state") == FAILED:
+            return protocol.INPLACE_FAILED, str(state.get("reason", ""))
+    if states and all(
+        state is not None and state.get("round") == local.number and state.get("state") in (FORMED, LEFT)
+        for state in states
+    ):
+        return protocol.INPLACE_FORMED, ""
+    return protocol.INPLACE_PENDING, ""
+
+
 def _killpg(pgid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
@@ -249,19 +271,20 @@ class Supervisor(threading.Thread):
             statuses = []
             for local in rounds:
                 progress = self._shipper.progress(local.job_id, local.number)
-                statuses.append(
-                    RoundStatus(
-                        job_id=local.job_id,
-                        round=local.number,
-                        state=local.state,
-                        ranks=[
-                            RankStatus(local_rank=r.local_rank, rank=r.rank, pid=r.pid, state=r.state)
-                            for r in local.ranks
-                        ],
-                        last_step=progress.last_step,
-                        first_step_at=progress.first_step_at,
-                    )
+                status = RoundStatus(
+                    job_id=local.job_id,
+                    round=local.number,
+                    state=local.state,
+                    ranks=[
+                        RankStatus(local_rank=r.local_rank, rank=r.rank, pid=r.pid, state=r.state)
+                        for r in local.ranks
+                    ],
+                    last_step=progress.last_step,
+                    first_step_at=progress.first_step_at,
                 )
+                if "carry_over" in local.spec:
+                    status["inplace"], status["inplace_reason"] = inplace_state(local)
+                statuses.append(status)
             return statuses
 
     def shutdown(self, timeout: float) -> None:
@@ -338,6 +361,8 @@ class Supervisor(threading.Thread):
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
+        if self._carry_over(slot, spec):
+            return
         if slot.active is not None:
             logger.info(
                 "job %s: stopping round %s before round %s", spec["job_id"], slot.active.number, number
@@ -415,14 +440,64 @@ class Supervisor(threading.Thread):
         command = rank_command(spec, bundle_dir, local_rank)
         env = rank_env(self._config, spec, local_rank, files)
         env[ENV_AGENT_SESSION] = self._session
+        write_rank_control(files.control, spec, local_rank)
         handler, how = start_rank(command, env, files, local_rank, self._pool)
         self._reaper.watch(handler.proc.pid)
-        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
+        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler, origin_round=spec["round"])
         local.ranks.append(rank)
         self._shipper.add(
             spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
         )
         return how
+
+    def _carry_over(self, slot: JobSlot, spec: RoundSpec) -> bool:
+        """An in-place round (protocol.CarryOver): this host's ranks of the previous round keep
+        running with their new ranks (their control files say so; sdk.elastic re-forms at the
+        next step boundary) and only the round's other local ranks start. False when the ranks
+        here cannot all carry over (the round then replaces the old one the usual way)."""
+        carried = carried_ranks(spec)
+        old = slot.active
+        if carried is None or old is None or "ps" in spec:
+            return False
+        if old.number != spec["carry_over"]["from_round"] or old.state is not RoundState.RUNNING:
+            return False
+        if old.stop_reason or slot.pending is not None:
+            return False
+        first = spec["node_rank"] * spec["nproc_per_node"]
+        moves = [(rank, carried.get(rank.rank, -1)) for rank in old.ranks]
+        if not moves or any(
+            rank.state is not RankState.RUNNING or not first <= new < first + spec["nproc_per_node"]
+            for rank, new in moves
+        ):
+            return False
+        local = LocalRound(spec=spec, state=RoundState.RUNNING)
+        for rank, new in moves:
+            self._shipper.carry((old.job_id, old.number, rank.rank), (local.job_id, local.number, new))
+            rank.rank, rank.local_rank = new, new - first
+            write_rank_control(rank.files.control, spec, rank.local_rank)
+            local.ranks.append(rank)
+        old.ranks = []
+        old.state = RoundState.STOPPED  # the controller ended it when it made this round
+        self._shipper.forget_round(old.job_id, old.number)
+        slot.active = local
+        kept = {rank.local_rank for rank in local.ranks}
+        newcomers = [i for i in range(spec["nproc_per_node"]) if i not in kept]
+        try:
+            bundle_dir = fetch_bundle(self._config, spec) if newcomers else None  # cached by now
+            for local_rank in newcomers:
+                self._spawn_rank(local, bundle_dir, local_rank)
+        except (LaunchError, OSError) as exc:
+            logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
+            self._fail_launch(local, str(exc))
+        logger.info(
+            "job %s round %s in place: ranks %s kept (pids %s), local ranks %s started",
+            local.job_id,
+            local.number,
+            [r.rank for r in local.ranks if r.local_rank in kept],
+            [r.pid for r in local.ranks if r.local_rank in kept],
+            newcomers,
+        )
+        return True
 
     def _regroup(self, local: LocalRound, spec: RoundSpec) -> None:
         """A parameter-server round's worker role resized in place (launcher.regroup says what

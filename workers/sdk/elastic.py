@@ -59,9 +59,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from workers import protocol
 from workers.sdk.stop import install_stop_handler, stop_requested
 
-ENV_CONTROL = "TRAINYARD_CONTROL"
+ENV_CONTROL = protocol.ENV_CONTROL
 DEFAULT_FORM_TIMEOUT = 20.0
 STATE_SUFFIX = ".state"
 
