@@ -102,6 +102,7 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
         send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
     names = [nodes[p.node_id].name for p in plan.placements]
     how = ", in place" if rnd.inplace else ""
+    extra: dict[str, Any] = {"inplace": True} if rnd.inplace else {}
     events.emit(
         f"round.{plan.reason.value}",
         f"Round {rnd.number}: {len(names)} node(s), world size {rnd.world_size} ({plan.reason.label}{how})",
@@ -110,7 +111,7 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
         nodes=names,
         world_size=rnd.world_size,
         charged=plan.charged,
-        inplace=rnd.inplace,
+        **extra,
     )
     events.job_changed(job)
     return rnd

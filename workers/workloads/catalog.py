@@ -68,6 +68,8 @@ class WorkloadInfo:
     name: str
     description: str
     hyperparameters: dict[str, Hyperparameter] = field(default_factory=dict)
+    # Trains through sdk.elastic: the console resizes it in place (survivors keep their processes).
+    inplace: bool = False
 
     def defaults(self) -> dict[str, Any]:
         return {name: spec.default for name, spec in self.hyperparameters.items()}
