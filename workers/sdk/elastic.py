@@ -49,7 +49,7 @@ import datetime
 import json
 import os
 import time
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -186,7 +186,7 @@ class ElasticRun:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         *,
         control_path: str | os.PathLike[str] | None = None,
         device: torch.device | str | None = None,
@@ -195,7 +195,12 @@ class ElasticRun:
         wrap_ddp: bool = True,
     ) -> None:
         self.module = model
-        self.optimizer = optimizer
+        if optimizer is None:
+            self.optimizers: list[torch.optim.Optimizer] = []
+        elif isinstance(optimizer, torch.optim.Optimizer):
+            self.optimizers = [optimizer]
+        else:
+            self.optimizers = list(optimizer)
         path = control_path if control_path is not None else os.environ.get(ENV_CONTROL)
         self.control_path = Path(path) if path else None
         self.form_timeout = form_timeout
@@ -213,6 +218,9 @@ class ElasticRun:
         self.left = False
         self.stopped = False  # every rank was sent SIGTERM: the loop ended early
         self.reforms = 0
+        # True when this process got its state from a survivor (it joined a running job); False
+        # when the whole group started afresh (load a checkpoint then, on every rank).
+        self.joined = False
         self.last_form_seconds = 0.0
         # Whether this process holds training state worth keeping (a survivor) or needs it (a
         # newcomer). False until the first formed round; a fresh start takes rank 0's init.
@@ -276,6 +284,15 @@ class ElasticRun:
                     return
             self.epoch += 1
             self.position = 0
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yields step numbers from ``self.step + 1`` to ``total``; between two steps (a step
+        boundary) follows round changes. For loops whose data is a function of (step, rank)."""
+        while self.step < total:
+            yield self.step + 1
+            self.step += 1
+            if self.step < total and not self.boundary():
+                return
 
     def boundary(self) -> bool:
         """Follows a round change if there is one; False when this rank leaves or the job stops.
@@ -436,11 +453,12 @@ class ElasticRun:
         )
         if self.rank != source:
             self.restore(payload[0])
+            self.joined = self.joined or bool(holders)
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "step": self.step,
             "epoch": self.epoch,
             "position": self.position,
@@ -448,8 +466,8 @@ class ElasticRun:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["model"])
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
@@ -461,7 +479,7 @@ def round_seconds(value: float) -> float:
 
 def elastic(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
     *,
     control_path: str | os.PathLike[str] | None = None,
     device: torch.device | str | None = None,

@@ -83,6 +83,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             **_common(batch_size=64, lr=3e-3, steps=300),
             "hidden": Hyperparameter(128, int, "width of the two hidden layers", 1),
         },
+        inplace=True,
     ),
     "recsys-embedding": WorkloadInfo(
         "recsys-embedding",
@@ -113,6 +114,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
                 1,
             ),
         },
+        inplace=True,
     ),
     "tiny-lm": WorkloadInfo(
         "tiny-lm",
@@ -126,6 +128,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "width": Hyperparameter(128, int, "model width (divisible by heads)", 1),
             "dropout": Hyperparameter(0.0, float, "dropout probability", 0),
         },
+        inplace=True,
     ),
 }
 
