@@ -35,17 +35,17 @@ def steps_at(record: Path, world: int) -> int:
 def test_an_sdk_job_grows_and_shrinks_in_place(cluster: Cluster) -> None:
     cluster.start_agents("node-a", "node-b")
     record, fast = cluster.root / "record.jsonl", cluster.root / "fast"
-    body = {
+    body: dict[str, Any] = {
         "name": "sdk-inplace",
         "entrypoint": str(SCRIPT),
         "workdir": str(SCRIPT.parent),
-        "args": ["--record", str(record), "--examples", str(EXAMPLES), "--step-sleep", "0.05"],
+        "args": ["--record", str(record), "--examples", str(EXAMPLES), "--step-sleep", "0.05"]
+        + ["--fast-file", str(fast)],
         "nnodes": "1:3",
         "nproc_per_node": 1,
         "grace_period": 10,
         "elastic": "inplace",
     }
-    body["args"] += ["--fast-file", str(fast)]
     response = cluster.api.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.content
     job = Job.objects.get(pk=response.json()["id"])
