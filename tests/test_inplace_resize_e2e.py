@@ -39,8 +39,16 @@ def test_an_sdk_job_grows_and_shrinks_in_place(cluster: Cluster) -> None:
         "name": "sdk-inplace",
         "entrypoint": str(SCRIPT),
         "workdir": str(SCRIPT.parent),
-        "args": ["--record", str(record), "--examples", str(EXAMPLES), "--step-sleep", "0.05"]
-        + ["--fast-file", str(fast)],
+        "args": [
+            "--record",
+            str(record),
+            "--examples",
+            str(EXAMPLES),
+            "--step-sleep",
+            "0.05",
+            "--fast-file",
+            str(fast),
+        ],
         "nnodes": "1:3",
         "nproc_per_node": 1,
         "grace_period": 10,
