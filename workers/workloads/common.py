@@ -261,7 +261,10 @@ def _train(
             timer.count(samples * runtime.world_size, tokens * runtime.world_size)
         window_steps += 1
 
-        if step % hp["log_every"] == 0 or step == start + 1 or step == hp["steps"]:
+        # Every rank of the group must take the same logging steps (an all-reduce): a process
+        # that joined in place does not log its own first step.
+        first = step == start + 1 and (run is None or not run.joined)
+        if step % hp["log_every"] == 0 or first or step == hp["steps"]:
             mean_loss = window_loss / window_steps
             if runtime.distributed:
                 dist.all_reduce(mean_loss)
