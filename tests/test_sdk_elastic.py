@@ -36,8 +36,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def control(round_no: int, rank: int, world: int, port: int) -> Control:
-    return Control("job", round_no, rank, max(rank, 0), world, "127.0.0.1", port)
+def control(round_no: int, rank: int, world: int, port: int, joiners: int = 0) -> Control:
+    return Control("job", round_no, rank, max(rank, 0), world, "127.0.0.1", port, joiners)
 
 
 def records(paths: list[Path]) -> list[dict[str, Any]]:
@@ -106,7 +106,7 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
     for rank in range(2):
         write_control(tmp_path / f"control-{rank}.json", control(1, rank, 2, port))
     for rank in range(2):
-        slots.append(start(tmp_path, rank, examples=240, step_sleep=0.04))
+        slots.append(start(tmp_path, rank, examples=600, step_sleep=0.04))
     paths = [record for _, _, record in slots]
 
     def steps() -> int:
@@ -116,10 +116,11 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         wait_for("the first steps", lambda: steps() >= 8)
         # When a newcomer joins in round 2 (world 3) ...
         port = free_port()
-        newcomer, newcomer_control, newcomer_record = start(tmp_path, 2, examples=240, step_sleep=0.04)
-        write_control(newcomer_control, control(2, 2, 3, port))
+        newcomer, newcomer_control, newcomer_record = start(tmp_path, 2, examples=600, step_sleep=0.04)
+        # (the survivors train on in round 1 until the newcomer has checked in)
         for rank in range(2):
-            write_control(slots[rank][1], control(2, rank, 3, port))
+            write_control(slots[rank][1], control(2, rank, 3, port, joiners=1))
+        write_control(newcomer_control, control(2, 2, 3, port, joiners=1))
         wait_for("world 3", lambda: any(r.get("world") == 3 for r in records([newcomer_record])))
         joined = steps()
         wait_for("steps at world 3", lambda: steps() >= joined + 8)
@@ -160,7 +161,7 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         assert own == sorted(own) and len(own) == len(set(own))
     # and each example of the epoch was seen exactly once
     counted = Counter(i for r in steps_lines for i in r["indices"])
-    assert sorted(counted) == list(range(240)) and set(counted.values()) == {1}
+    assert sorted(counted) == list(range(600)) and set(counted.values()) == {1}
 
 
 def test_a_re_form_that_cannot_complete_reports_failed(tmp_path: Path) -> None:

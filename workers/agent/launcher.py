@@ -197,8 +197,15 @@ def write_rank_control(path: Path, spec: RoundSpec, local_rank: int) -> None:
             world_size=spec["world_size"],
             master_addr=spec["master_addr"],
             master_port=spec["master_port"],
+            joiners=joiners(spec),
         ),
     )
+
+
+def joiners(spec: RoundSpec) -> int:
+    """How many ranks of an in-place round start afresh (its survivors wait for them)."""
+    carried = carried_ranks(spec)
+    return 0 if carried is None else spec["world_size"] - len(carried)
 
 
 def carried_ranks(spec: RoundSpec) -> dict[int, int] | None:

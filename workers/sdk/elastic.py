@@ -92,6 +92,7 @@ class Control:
     world_size: int
     master_addr: str
     master_port: int
+    joiners: int = 0  # ranks of this round that start afresh (the survivors wait for them)
 
     @property
     def leaves(self) -> bool:
@@ -110,6 +111,7 @@ class Control:
                 world_size=int(data["world_size"]),
                 master_addr=str(data["master_addr"]),
                 master_port=int(data["master_port"]),
+                joiners=int(data.get("joiners", 0)),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ElasticError(f"control file is missing or has a bad field: {error!r}") from None
@@ -211,6 +213,10 @@ class ElasticRun:
         self.control: Control | None = None
         self._control_mtime: int | None = None
         self._pending_round = 0
+        self._next: Control | None = None  # the next round, read but not formed yet
+        self._next_store: dist.TCPStore | None = None
+        self._wait_target = 0
+        self._wait_started = 0.0
         self._ddp: nn.Module | None = None
         self.step = 0
         self.epoch = 0
@@ -297,28 +303,92 @@ class ElasticRun:
     def boundary(self) -> bool:
         """Follows a round change if there is one; False when this rank leaves or the job stops.
 
-        One all-reduce (MAX) of [newest round seen, -stop flag] gives the newest round any rank
-        was told about and whether *every* rank got SIGTERM. A round change wins: a rank with the
-        new control re-forms, a rank without one that was sent SIGTERM leaves (its node is
-        leaving the job: the agent stops it while the others are told the new round). Only when
-        every rank was sent SIGTERM and no round changed does the whole group stop."""
+        One all-reduce (MAX) of [newest round seen, -stop flag, -ready flag] tells every rank the
+        newest round any of them was told about, whether *every* rank got SIGTERM, and whether
+        every rank is ready to move to the new round. A rank is ready once it has read its new
+        control file; the new round's rank 0 (a survivor: it hosts the new round's store from the
+        moment it reads its control) only once every joiner has checked in there. Until then the
+        group trains on in the old round, so survivors do not wait while newcomers import torch.
+
+        Then, at the same boundary on every rank: a rank with a new control re-forms; a rank
+        without one that was sent SIGTERM leaves (its node is leaving the job: the agent stops it
+        while the others are told the new round). Only when every rank was sent SIGTERM and no
+        round changed does the whole group stop."""
         local = self._peek_round()
         stopping = stop_requested()
-        target, all_stopping = local, stopping
+        if local > self.round and (self._next is None or self._next.round < local):
+            self._prepare(local)
+        ready = self._ready(stopping, local)
+        target, all_stopping, all_ready = local, stopping, ready
         if self.world_size > 1:
-            flags = torch.tensor([local, -int(stopping)], dtype=torch.int64, device=self.device)
+            flags = torch.tensor([local, -int(stopping), -int(ready)], dtype=torch.int64, device=self.device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            target, all_stopping = int(flags[0].item()), int(flags[1].item()) < 0
+            target = int(flags[0].item())
+            all_stopping, all_ready = int(flags[1].item()) < 0, int(flags[2].item()) < 0
         if target <= self.round:
             if all_stopping:
                 self.stopped = True
                 return False
             return True
+        if not all_ready:
+            if time.monotonic() - self._waiting_since(target) > self.form_timeout:
+                reason = f"round {target}: not every rank was ready within {self.form_timeout:.0f} s"
+                self._report(FAILED, reason=reason, round_no=target)
+                raise ElasticError(reason)
+            return True  # train on in the old round; the newcomers are still starting
         if stopping and local <= self.round:
             self._leave()
             return False
-        self._form(self._read_control(wait_for_round=target))
+        if self._next is None or self._next.round < target:
+            self._prepare(target)
+        assert self._next is not None
+        control, store, self._next, self._next_store = self._next, self._next_store, None, None
+        self._form(control, store)
         return not self.left
+
+    def _waiting_since(self, target: int) -> float:
+        if self._wait_target != target:
+            self._wait_target, self._wait_started = target, time.monotonic()
+        return self._wait_started
+
+    def _prepare(self, target: int) -> None:
+        """Reads the new round's control; its rank 0 opens the round's store for the joiners."""
+        self._next = self._read_control(wait_for_round=target)
+        self._next_store = None
+        control = self._next
+        if control.joiners > 0 and control.rank == 0 and control.world_size > 1:
+            try:
+                self._next_store = self._open_store(control)
+            except Exception as error:  # the port is taken, the address is not ours
+                reason = f"round {control.round}: cannot open the store: {type(error).__name__}: {error}"
+                self._report(FAILED, reason=reason[:500], round_no=control.round)
+                raise ElasticError(reason) from error
+
+    def _ready(self, stopping: bool, local: int) -> bool:
+        """This rank's part of the agreement to move to the new round (see boundary)."""
+        if stopping and local <= self.round:
+            return True  # leaving: it does not hold the others back
+        control = self._next
+        if control is None:
+            return False
+        if control.joiners == 0 or self._next_store is None:
+            return True
+        arrived = self._next_store.add(self._round_key(control, "joined"), 0)
+        return arrived >= control.joiners
+
+    @staticmethod
+    def _round_key(control: Control, name: str) -> str:
+        return f"trainyard/{control.job_id}/{control.round}/{name}"
+
+    def _open_store(self, control: Control) -> dist.TCPStore:
+        return dist.TCPStore(
+            control.master_addr,
+            control.master_port,
+            control.world_size,
+            is_master=control.rank == 0,
+            timeout=datetime.timedelta(seconds=self.form_timeout),
+            wait_for_workers=False,
+        )
 
     # ---- control file --------------------------------------------------------------------
     def _peek_round(self) -> int:
@@ -372,7 +442,7 @@ class ElasticRun:
             write_json_atomic(state_path(self.control_path), data)
 
     # ---- re-forming --------------------------------------------------------------------
-    def _form(self, control: Control) -> None:
+    def _form(self, control: Control, store: dist.TCPStore | None = None) -> None:
         started = time.monotonic()
         self._report(FORMING, round_no=control.round)
         self._ddp = None
@@ -385,14 +455,10 @@ class ElasticRun:
         self.device = self._pick_device(control)
         try:
             if control.world_size > 1:
-                store = dist.TCPStore(
-                    control.master_addr,
-                    control.master_port,
-                    control.world_size,
-                    is_master=control.rank == 0,
-                    timeout=datetime.timedelta(seconds=self.form_timeout),
-                    wait_for_workers=False,
-                )
+                if store is None:
+                    store = self._open_store(control)
+                if not self._has_state and control.joiners > 0:
+                    store.add(self._round_key(control, "joined"), 1)  # a joiner checks in
                 # Keys are per round so a store left over from the last round cannot mix in.
                 prefixed = dist.PrefixStore(f"trainyard/{control.job_id}/{control.round}", store)
                 dist.init_process_group(
