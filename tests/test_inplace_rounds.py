@@ -123,3 +123,21 @@ def test_a_round_not_formed_within_the_bound_falls_back(decide: Decide, settings
     late = decide(scheduler.tick)
     assert late.kinds()[:2] == ["round.inplace_failed", "round.fallback"]
     assert "not formed within 20 s" in late.events[0].message
+
+
+def test_the_job_page_and_api_mark_in_place_rounds_and_how_long_each_change_took(
+    decide: Decide, client: Any, viewer: Any
+) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    rnd = Round.objects.get(job=job, number=2)
+    Round.objects.filter(pk=rnd.pk).update(formed_at=rnd.created_at + timedelta(seconds=0.75))
+    client.force_login(viewer)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'title="Survivors kept their processes">in place</span>' in page
+    assert "0.75 s" in page
+    rounds = client.get(f"/api/v1/jobs/{job.pk}/").json()["rounds"]
+    assert [(r["number"], r["inplace"], r["change_seconds"]) for r in rounds] == [
+        (2, True, 0.75),
+        (1, False, None),
+    ]

@@ -206,6 +206,7 @@ class RoundStatus(TypedDict):
     # re-formed at this round ("formed"), "failed" when one could not (the controller restarts).
     inplace: NotRequired[str]
     inplace_reason: NotRequired[str]
+    inplace_formed_at: NotRequired[float]  # unix time the host's last rank formed the round
 
 
 class RankExit(TypedDict):

@@ -259,6 +259,10 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class RoundSerializer(serializers.ModelSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
+    inplace = serializers.BooleanField(read_only=True, help_text="Survivors kept their processes")
+    change_seconds = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="How long the membership change into this round took"
+    )
 
     class Meta:
         model = Round
@@ -269,8 +273,10 @@ class RoundSerializer(serializers.ModelSerializer):
             "master_addr",
             "master_port",
             "charged",
+            "inplace",
             "carry_over",
             "formed_at",
+            "change_seconds",
             "created_at",
             "first_step_at",
             "ended_at",

@@ -10,7 +10,7 @@ a FALLBACK round on the same nodes, every rank started afresh, with an event tha
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db.models import F
@@ -52,7 +52,13 @@ def record_status(job: Job, alloc: Allocation, status: protocol.RoundStatus) -> 
         reported == protocol.INPLACE_FORMED
         and not rnd.allocations.exclude(inplace=protocol.INPLACE_FORMED).exists()
     ):
+        # The hosts' ranks formed the group together (one collective): the time the last host
+        # reports is the round's, to the millisecond, not the heartbeat's.
+        reported_at = status.get("inplace_formed_at")
         rnd.formed_at = timezone.now()
+        if reported_at:
+            rnd.formed_at = min(rnd.formed_at, datetime.fromtimestamp(float(reported_at), tz=UTC))
+            rnd.formed_at = max(rnd.formed_at, rnd.created_at)
         rnd.save(update_fields=["formed_at"])
         took = (rnd.formed_at - rnd.created_at).total_seconds()
         events.emit(

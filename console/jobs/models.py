@@ -215,6 +215,15 @@ class Round(models.Model):
         return bool(self.carry_over)
 
     @property
+    def change_seconds(self) -> float | None:
+        """How long the membership change into this round took: to the re-formed group for an
+        in-place round, to the first step for a restart (None for the first round, or before)."""
+        end = self.formed_at if self.inplace else self.first_step_at
+        if self.number <= 1 or end is None:
+            return None
+        return max(0.0, (end - self.created_at).total_seconds())
+
+    @property
     def round_outcome(self) -> RoundOutcome:
         return RoundOutcome(self.outcome)
 

@@ -208,19 +208,21 @@ def seconds_since_code_ended(files: RankFiles) -> float | None:
         return None
 
 
-def inplace_state(local: LocalRound) -> tuple[str, str]:
-    """An in-place round's progress on this host, from its ranks' SDK state files: "formed" once
-    every local rank formed the round's group, "failed" (with the reason) when one could not."""
+def inplace_state(local: LocalRound) -> tuple[str, str, float | None]:
+    """An in-place round's progress on this host, from its ranks' SDK state files: "formed" (and
+    when the last rank formed) once every local rank formed the round's group, "failed" (with the
+    reason) when one could not, else "pending"."""
     states = [read_state(rank.files.control) for rank in local.ranks]
     for state in states:
         if state is not None and state.get("round") == local.number and state.get("state") == FAILED:
-            return protocol.INPLACE_FAILED, str(state.get("reason", ""))
+            return protocol.INPLACE_FAILED, str(state.get("reason", "")), None
     if states and all(
         state is not None and state.get("round") == local.number and state.get("state") in (FORMED, LEFT)
         for state in states
     ):
-        return protocol.INPLACE_FORMED, ""
-    return protocol.INPLACE_PENDING, ""
+        times = [float(state.get("time", 0.0)) for state in states if state is not None]
+        return protocol.INPLACE_FORMED, "", max(times, default=None)
+    return protocol.INPLACE_PENDING, "", None
 
 
 def _killpg(pgid: int, signum: signal.Signals) -> None:
@@ -283,7 +285,9 @@ class Supervisor(threading.Thread):
                     first_step_at=progress.first_step_at,
                 )
                 if "carry_over" in local.spec:
-                    status["inplace"], status["inplace_reason"] = inplace_state(local)
+                    status["inplace"], status["inplace_reason"], formed_at = inplace_state(local)
+                    if formed_at:
+                        status["inplace_formed_at"] = formed_at
                 statuses.append(status)
             return statuses
 
