@@ -86,6 +86,7 @@ def train(
                     "epoch": run.epoch,
                     "indices": indices,
                     "checksum": checksum(model),
+                    "t": time.time(),
                 }
                 record.write(json.dumps(line) + "\n")
                 x = batch["x"] if batch is not None else torch.zeros(0, FEATURES)
