@@ -372,15 +372,15 @@ class Trainyard:
 
     def inplace_resizes(self, work: Path) -> tuple[float | None, float | None]:
         """An SDK job (in place) resized 2 → 3, then 3 → 2: seconds from each API call to the
-        first step at the new world (the second in the new round)."""
-        from console.jobs.models import Round
-
+        first step at the new world in the new round. Each resize is made once the round before
+        has formed (a change while one is still forming restarts); a change that did not happen
+        in place counts as none."""
         record = work / "record.jsonl"
         body = {
             "name": "bench-inplace",
             "entrypoint": str(SDK_SCRIPT),
             "workdir": str(REPO),
-            "args": ["--record", str(record), "--examples", "100000000", "--step-sleep", str(STEP_SLEEP)],
+            "args": ["--record", str(record), "--examples", "200000", "--step-sleep", str(STEP_SLEEP)],
             "nnodes": "1:3",
             "nproc_per_node": 1,
             "max_restarts": 100,
@@ -390,25 +390,39 @@ class Trainyard:
         job: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
         self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 2}, format="json")
         try:
-            if not wait_records(record, world=2, count=TRAINED_STEPS):
+            if not self.settled(job, world=2) or not wait_records(record, world=2, count=TRAINED_STEPS):
                 return None, None
-            t0 = time.time()
-            response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
-            assert response.status_code == 200, response.content
-            up = first_record_after(record, t0, world=3)
-            number = Round.objects.filter(job_id=job).order_by("-number").values_list("number", flat=True)[0]
-            deadline = time.monotonic() + 30  # a change while one is forming would not be in place
-            while not Round.objects.filter(job_id=job, number=number, formed_at__isnull=False).exists():
-                if time.monotonic() > deadline:
-                    return up, None
-                time.sleep(0.05)
-            t1 = time.time()
-            response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 2}, format="json")
-            assert response.status_code == 200, response.content
-            down = first_record_after(record, t1, world=2, round_above=number)
-            return up, down
+            up = self.timed_resize(job, record, 3)
+            if up is None or not self.settled(job, world=3):
+                return up, None
+            return up, self.timed_resize(job, record, 2)
         finally:
             self.stop(job, script=SDK_SCRIPT)
+
+    def timed_resize(self, job: int, record: Path, nodes: int) -> float | None:
+        from console.jobs.models import Round
+
+        before = Round.objects.filter(job_id=job).order_by("-number").values_list("number", flat=True)[0]
+        t0 = time.time()
+        response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": nodes}, format="json")
+        assert response.status_code == 200, response.content
+        took = first_record_after(record, t0, world=nodes, round_above=before)
+        if not Round.objects.filter(job_id=job, number=before + 1).exclude(carry_over={}).exists():
+            print(f"  round {before + 1} was not in place", flush=True)
+            return None
+        return took
+
+    def settled(self, job_id: int, world: int, timeout: float = 60.0) -> bool:
+        """The job's current round has ``world`` ranks and, if in place, has formed."""
+        from console.jobs.models import Job
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rnd = Job.objects.get(pk=job_id).current_round()
+            if rnd is not None and rnd.world_size == world and (not rnd.inplace or rnd.formed_at is not None):
+                return True
+            time.sleep(0.05)
+        return False
 
     def node_of(self, job_id: int, rank: int) -> Any:
         from console.jobs.models import Job
