@@ -20,6 +20,7 @@ from workers.sdk.elastic import (
     Control,
     ElasticError,
     backend_for,
+    device_for,
     epoch_order,
     rank_slice,
     read_state,
@@ -94,9 +95,12 @@ def test_a_bad_control_file_is_a_clear_error() -> None:
     ).leaves
 
 
-def test_gpu_processes_use_nccl_and_cpu_processes_gloo() -> None:
+def test_gpu_processes_use_nccl_on_their_local_ranks_gpu_and_cpu_processes_gloo() -> None:
     assert backend_for(torch.device("cuda", 1)) == "nccl"
     assert backend_for(torch.device("cpu")) == "gloo"
+    assert device_for(torch.device("cuda"), local_rank=3) == torch.device("cuda", 3)
+    assert device_for(torch.device("cuda", 0), local_rank=3) == torch.device("cuda", 0)
+    assert device_for(None, local_rank=3) == device_for(torch.device("cpu"), 3) == torch.device("cpu")
 
 
 def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:

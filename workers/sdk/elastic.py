@@ -158,6 +158,14 @@ def read_state(control_path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("state") in STATES else None
 
 
+def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
+    """The process's device in a round: a CUDA request without an index takes the GPU of its
+    local rank (which can change in place); anything else runs on the CPU."""
+    if requested is not None and requested.type == "cuda":
+        return torch.device("cuda", local_rank if requested.index is None else requested.index)
+    return torch.device("cpu")
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
@@ -493,13 +501,10 @@ class ElasticRun:
         self._report(LEFT)
 
     def _pick_device(self, control: Control) -> torch.device:
-        if self._device_arg is not None and self._device_arg.type == "cuda":
-            device = torch.device(
-                "cuda", control.local_rank if self._device_arg.index is None else self._device_arg.index
-            )
+        device = device_for(self._device_arg, control.local_rank)
+        if device.type == "cuda":
             torch.cuda.set_device(device)
-            return device
-        return torch.device("cpu")
+        return device
 
     def _sync_state(self) -> None:
         """Every rank ends with the state of the lowest rank that had some (a survivor)."""
