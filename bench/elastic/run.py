@@ -375,6 +375,7 @@ class Trainyard:
         first step at the new world in the new round. Each resize is made once the round before
         has formed (a change while one is still forming restarts); a change that did not happen
         in place counts as none."""
+        self.wait_pools()  # the joiner comes from a settled warm pool, as on an idle host
         record = work / "record.jsonl"
         body = {
             "name": "bench-inplace",
