@@ -26,7 +26,7 @@ __all__ = ["agent_procs", "control_queue"]
 
 SCRIPT = Path(__file__).parent / "scripts" / "elastic_count.py"
 JOB = 31
-EXAMPLES = 300
+EXAMPLES = 3000  # long enough for both changes; the test then speeds it up (--fast-file)
 
 
 def spec(
@@ -40,7 +40,10 @@ def spec(
         nproc_per_node=1,
         master_port=port,
         entrypoint=str(SCRIPT),
-        args=["--record", str(record), "--examples", str(EXAMPLES), "--step-sleep", "0.05"],
+        args=[
+            *("--record", str(record), "--examples", str(EXAMPLES), "--step-sleep", "0.05"),
+            *("--fast-file", str(record.with_name("fast"))),
+        ],
         grace_period=10,
     )
     if carry is not None:
@@ -115,6 +118,7 @@ def test_an_sdk_job_is_resized_in_place_2_to_3_to_2(
         assert rank_pids(beat, JOB, 3) == first[host.name]
     stopped = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 60, node=c.name, job_id=JOB)
     assert stopped.kwargs["round"] == 2 and stopped.kwargs["outcome"] == "stopped"
+    record.with_name("fast").touch()
 
     # Then the job ends in round 3 with every example of the epoch seen exactly once
     for host in (a, b):
@@ -126,3 +130,29 @@ def test_an_sdk_job_is_resized_in_place_2_to_3_to_2(
     assert sorted(counted) == list(range(EXAMPLES)) and set(counted.values()) == {1}
     ends = [line for line in lines(record) if line.get("end")]
     assert sorted(e["left"] for e in ends) == [False, False, True]
+
+
+def test_a_round_that_cannot_form_is_reported_failed_in_heartbeats(
+    agent_procs: AgentProcs, control_queue: ControlQueue, tmp_path: Path
+) -> None:
+    a, b = start_all_registered(agent_procs, control_queue, ["host-a", "host-b"])
+    record = tmp_path / "record.jsonl"
+    port = free_port()
+    for node_rank, host in enumerate((a, b)):
+        first = spec(1, node_rank, 2, port, record, None)
+        first["args"] += ["--form-timeout", "2"]
+        control_queue.send(host.name, protocol.AGENT_START_ROUND, spec=first)
+    control_queue.wait_for(protocol.CONTROL_HEARTBEAT, 60, match=lambda m: bool(lines(record)))
+
+    # When round 2 is in place at world 3 but its third host never starts its rank
+    port = free_port()
+    for node_rank, host in enumerate((a, b)):
+        second = spec(2, node_rank, 3, port, record, {"0": 0, "1": 1})
+        control_queue.send(host.name, protocol.AGENT_START_ROUND, spec=second)
+
+    # Then the hosts report the round failed to form, saying why, for the controller to fall back
+    beat = control_queue.wait_for(
+        protocol.CONTROL_HEARTBEAT, 60, match=lambda m: inplace_of(m, 2) == "failed", node=a.name
+    )
+    status = next(s for s in beat.kwargs["rounds"] if s["round"] == 2)
+    assert "not every rank was ready within 2 s" in status["inplace_reason"]

@@ -29,6 +29,9 @@ from workers.sdk.elastic import (
 
 SCRIPT = Path(__file__).parent / "scripts" / "elastic_count.py"
 ROOT = Path(__file__).resolve().parent.parent
+# Long enough that the epoch outlasts both changes under load (the survivors train on while the
+# newcomer starts); the test then lets the rest run without sleeps.
+EXAMPLES = 4000
 
 
 def free_port() -> int:
@@ -104,13 +107,14 @@ def test_gpu_processes_use_nccl_on_their_local_ranks_gpu_and_cpu_processes_gloo(
 
 
 def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
+    fast = tmp_path / "fast"
     # Given two ranks training in round 1
     port = free_port()
     slots = []
     for rank in range(2):
         write_control(tmp_path / f"control-{rank}.json", control(1, rank, 2, port))
     for rank in range(2):
-        slots.append(start(tmp_path, rank, examples=600, step_sleep=0.04))
+        slots.append(start(tmp_path, rank, examples=EXAMPLES, step_sleep=0.04, fast_file=fast))
     paths = [record for _, _, record in slots]
 
     def steps() -> int:
@@ -120,7 +124,9 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         wait_for("the first steps", lambda: steps() >= 8)
         # When a newcomer joins in round 2 (world 3) ...
         port = free_port()
-        newcomer, newcomer_control, newcomer_record = start(tmp_path, 2, examples=600, step_sleep=0.04)
+        newcomer, newcomer_control, newcomer_record = start(
+            tmp_path, 2, examples=EXAMPLES, step_sleep=0.04, fast_file=fast
+        )
         # (the survivors train on in round 1 until the newcomer has checked in)
         for rank in range(2):
             write_control(slots[rank][1], control(2, rank, 3, port, joiners=1))
@@ -135,6 +141,8 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         port = free_port()
         for rank in range(2):
             write_control(slots[rank][1], control(3, rank, 2, port))
+        wait_for("round 3", lambda: any(r.get("round") == 3 for r in records(paths)))
+        fast.touch()  # the rest of the epoch without sleeping
         for process, _, _ in [*slots, (newcomer, None, None)]:
             process.wait(timeout=60)
     finally:
@@ -165,7 +173,7 @@ def test_ranks_re_form_in_place_2_to_3_to_2(tmp_path: Path) -> None:
         assert own == sorted(own) and len(own) == len(set(own))
     # and each example of the epoch was seen exactly once
     counted = Counter(i for r in steps_lines for i in r["indices"])
-    assert sorted(counted) == list(range(600)) and set(counted.values()) == {1}
+    assert sorted(counted) == list(range(EXAMPLES)) and set(counted.values()) == {1}
 
 
 def test_a_re_form_that_cannot_complete_reports_failed(tmp_path: Path) -> None:
