@@ -322,6 +322,15 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         expect(page.locator('#ranks-body tr[data-rank="0"] .node a')).to_have_text("gpu-a")
         expect(page.locator("#checkpoints-body tr")).to_have_count(3)
         expect(page.locator("#checkpoints-body tr").first).to_contain_text("300")
+        # the periodic refresh (every 5 s) leaves unchanged rows alone: the same elements stay
+        page.evaluate(
+            "() => { for (const tr of document.querySelectorAll('#ranks-body tr, #checkpoints-body tr')) tr.__kept = true; }"
+        )
+        with page.expect_response(re.compile(r"/checkpoints/"), timeout=10000):
+            pass
+        page.wait_for_timeout(300)
+        kept = "() => [...document.querySelectorAll('#ranks-body tr, #checkpoints-body tr')].filter((tr) => tr.__kept).length"
+        assert page.evaluate(kept) == 7
         # per-layer gradient norms on demand
         page.check("#layers-toggle")
         expect(page.locator('[data-chart="layers"] .chart-legend')).to_contain_text("2", timeout=10000)
@@ -482,8 +491,24 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         viewer.goto(f"{console_url}/nodes/")
         expect(viewer.locator("[data-node-action]")).to_have_count(0)
         assert_accessible(viewer, "nodes (viewer)")
+        # The jobs list: filter by name prefix and owner, then sort by a column header
         viewer.goto(f"{console_url}/jobs/")
+        viewer.fill("#jobs-name", "sweep")
+        viewer.fill("#jobs-owner", "olivia")
+        viewer.click("#job-filters button[type=submit]")
+        rows = viewer.locator("#job-table tbody tr")
+        expect(rows).to_have_count(3)
+        expect(rows.nth(0)).to_contain_text("sweep-2")  # newest first by default
+        viewer.click('[data-sort-column="name"]')
+        expect(viewer.locator("th[aria-sort]")).to_have_attribute("aria-sort", "ascending")
+        expect(rows.nth(0)).to_contain_text("sweep-0")
+        expect(viewer.locator("#jobs-name")).to_have_value("sweep")  # the filters stay
+        viewer.select_option("#jobs-state", "FAILED")
+        viewer.click("#job-filters button[type=submit]")
+        expect(rows).to_have_count(1)
+        expect(rows.nth(0)).to_contain_text("sweep-1")
         assert_accessible(viewer, "jobs (viewer)")
+        shot(viewer, "jobs")
         response = viewer.goto(f"{console_url}/jobs/new/")
         assert response is not None and response.status == 403
 

@@ -76,7 +76,7 @@ class RoundState(StrEnum):
     """A round on one host, as its agent reports it in heartbeats and CONTROL_ROUND_ENDED.
 
     STARTING (preparing, launching) -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED.
-    The agent's own transition table lives with its loop (workers/agent/)."""
+    The agent's own states (`LocalState`) and their table: workers/agent/lifecycle.py."""
 
     STARTING = "starting"
     RUNNING = "running"

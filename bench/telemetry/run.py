@@ -9,12 +9,13 @@ shipper (workers.agent.shipper.TelemetryShipper) tails the files and XADDs batch
 Each record carries the time of its log call as the value of the series ``t_append``, so a
 client computes log() → arrival latency for every point of every frame it receives.
 
-Ingest rate: a prefilled stream of 500,000 points drained by ``manage.py ingest``, against a bare
+Ingest rate: a prefilled stream of 250,000 points drained by ``manage.py ingest``, against a bare
 COPY of the same rows (the same binary data ingest sends) into telemetry_metric with its unique
 index, alternately on emptied tables: ``ingest_copy_ratio`` is ingest's rate over the COPY's,
 ``ingest_copy_cpu_ratio`` the COPY's CPU per row over ingest's (its process and PostgreSQL
 backends), which depends far less on how loaded the machine is. Every phase runs ``--reps`` times
 (5); figures are medians with their ranges, and the 1-min load average is reported alongside.
+Each phase prints how long it took; the whole run takes about 6-8 minutes on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -42,17 +43,18 @@ from tests.support import procs as children  # noqa: E402  (`procs` names a Proc
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = f"ty_telemetry_bench_{os.getpid()}"
 
-# Ingest rate: a prefilled stream of this many agent batches.
-RATE_BATCHES = 400
+# Ingest rate: a prefilled stream of this many agent batches (250,000 points: enough for a steady
+# rate; 500,000 took the whole bench past its 10 minutes on a loaded machine).
+RATE_BATCHES = 200
 RATE_RECORDS_PER_BATCH = 250
 RATE_VALUES = ("loss", "lr", "grad_norm", "throughput", "step_time")
 # Live phases: 10,000 points/s = 2 ranks x 1,000 records/s x 5 values.
 LIVE_RATE = 10_000
 LIVE_RANKS = 2
 LIVE_VALUES = 5
-LATENCY_SECONDS = 10.0
+LATENCY_SECONDS = 6.0
 FANOUT_CLIENTS = 200
-FANOUT_SECONDS = 15.0
+FANOUT_SECONDS = 8.0
 WARMUP_SECONDS = 2.0
 RAMP_BATCH = 10
 DOWNSAMPLE_POINTS = 1_000_000
@@ -698,9 +700,16 @@ def live_phases(
 
 
 # --- main ------------------------------------------------------------------------------------
+def took(figures: dict[str, Any], phase: str, started: float) -> None:
+    seconds = round(time.monotonic() - started)
+    figures.setdefault("phase_seconds", {})[phase] = seconds
+    print(f"{phase} phase took {seconds} s", flush=True)
+
+
 def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: bool) -> None:
     import psycopg
 
+    bench_started = time.monotonic()
     redis_port = free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     database_url = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
@@ -740,6 +749,7 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
         cookie = session_cookie(user)
 
         if "ingest" in phases:
+            phase_started = time.monotonic()
             rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
             figures.update(rate_phase(rate_job.pk, reps, database_url, redis_url, env, procs, logs))
             print(
@@ -749,7 +759,9 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
                 f"{figures['ingest_copy_ratio_range']} over {reps} reps",
                 flush=True,
             )
+            took(figures, "ingest", phase_started)
         if phases & {"latency", "fanout"}:
+            phase_started = time.monotonic()
             live_phases(
                 phases,
                 figures,
@@ -761,13 +773,16 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
                 frame_interval=frame_interval,
                 reps=reps,
             )
+            took(figures, "live", phase_started)
         if "downsample" in phases:
+            phase_started = time.monotonic()
             ms, nbuckets = bench_downsample(DOWNSAMPLE_POINTS)
             figures["downsample_1m_ms"] = round(ms, 1)
             print(
                 f"downsample: {DOWNSAMPLE_POINTS:,} -> {nbuckets} buckets in {ms:.1f} ms "
                 f"(median of {DOWNSAMPLE_RUNS})"
             )
+            took(figures, "downsample", phase_started)
     finally:
         procs.stop_all()
         redis_server.stop()
@@ -858,8 +873,11 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
         "fanout_load_avg_1m",
         "downsample_1m_ms",
         "reps",
+        "phase_seconds",
+        "total_seconds",
     ]
     figures["reps"] = reps
+    figures["total_seconds"] = round(time.monotonic() - bench_started)
     # NaN (a phase that measured nothing) is not JSON: null instead.
     print(json.dumps({k: None if figures.get(k) != figures.get(k) else figures.get(k) for k in keys}))
 

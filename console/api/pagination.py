@@ -86,6 +86,55 @@ def _reverse(ordering: Sequence[str]) -> tuple[str, ...]:
     return tuple(term[1:] if term.startswith("-") else f"-{term}" for term in ordering)
 
 
+def key_of(sort: Sequence[str], row: Model) -> list[Any]:
+    """The row's sort key as JSON values (times in ISO 8601)."""
+    values = []
+    for term in sort:
+        field = _field_and_direction(term)[0]
+        value = (
+            row.pk if field in ("id", "pk") else getattr(row, _concrete(row._meta.get_field(field)).attname)
+        )
+        values.append(value.isoformat() if hasattr(value, "isoformat") else value)
+    return values
+
+
+def decode_cursor(raw: str, sort: Sequence[str], model: type[Model]) -> KeyCursor:
+    """The position a ``cursor`` value names; ValueError when it is malformed or was made for
+    another sort order."""
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(raw.encode() + b"==").decode())
+        key, backwards, its_sort = decoded["k"], bool(decoded["b"]), tuple(decoded["s"])
+        if its_sort != tuple(sort) or not isinstance(key, list) or len(key) != len(sort):
+            raise ValueError("the cursor belongs to another sort order")
+        values = tuple(
+            model._meta.pk.to_python(v)
+            if (name := _field_and_direction(term)[0]) in ("id", "pk")
+            else _concrete(model._meta.get_field(name)).to_python(v)
+            for term, v in zip(sort, key, strict=True)
+        )
+    except Exception as exc:  # any malformed part (base64, JSON, a value of the wrong type)
+        raise ValueError("invalid cursor") from exc
+    return KeyCursor(values, backwards)
+
+
+def keyset_page(
+    queryset: QuerySet[Any], sort: Sequence[str], cursor: KeyCursor | None, page_size: int
+) -> tuple[list[Any], bool, bool]:
+    """One page of ``queryset`` in ``sort`` order (complete: ending in the primary key) after or
+    before ``cursor``, in one query: (rows, has_next, has_previous)."""
+    order = _reverse(sort) if cursor and cursor.backwards else tuple(sort)
+    rows = queryset.order_by(*order)
+    if cursor is not None:
+        rows = rows.filter(after_key(order, cursor.key))
+    page = list(rows[: page_size + 1])
+    more = len(page) > page_size
+    page = page[:page_size]
+    if cursor is not None and cursor.backwards:
+        page.reverse()
+        return page, True, more
+    return page, more, cursor is not None
+
+
 class KeysetPagination(CursorPagination):
     """``?cursor=`` from a previous page's ``next``/``previous``; ``?page_size=`` up to 500."""
 
@@ -104,20 +153,8 @@ class KeysetPagination(CursorPagination):
         self.page_size = self.get_page_size(request)
         self.sort = complete_ordering(self.cursor_ordering(request, view, queryset))
         cursor = self.read_cursor(request, queryset.model)
-        order = _reverse(self.sort) if cursor and cursor.backwards else self.sort
-        rows = queryset.order_by(*order)
-        if cursor is not None:
-            rows = rows.filter(after_key(order, cursor.key))
-        page = list(rows[: self.page_size + 1])
-        more = len(page) > self.page_size
-        page = page[: self.page_size]
-        if cursor is not None and cursor.backwards:
-            page.reverse()
-            self.has_next, self.has_previous = True, more
-        else:
-            self.has_next, self.has_previous = more, cursor is not None
-        self.page = page
-        return page
+        self.page, self.has_next, self.has_previous = keyset_page(queryset, self.sort, cursor, self.page_size)
+        return self.page
 
     def cursor_ordering(self, request: Request, view: Any, queryset: QuerySet[Any]) -> Sequence[str]:
         """The view's order, else the model's default order, else newest first."""
@@ -142,41 +179,19 @@ class KeysetPagination(CursorPagination):
 
     # --- cursor encoding ---------------------------------------------------------------------
 
-    def key_of(self, row: Model) -> list[Any]:
-        values = []
-        for term in self.sort:
-            field = _field_and_direction(term)[0]
-            value = (
-                row.pk
-                if field in ("id", "pk")
-                else getattr(row, _concrete(row._meta.get_field(field)).attname)
-            )
-            values.append(value.isoformat() if hasattr(value, "isoformat") else value)
-        return values
-
     def read_cursor(self, request: Request, model: type[Model]) -> KeyCursor | None:
         raw = request.query_params.get(self.cursor_query_param)
         if not raw:
             return None
         try:
-            decoded = json.loads(base64.urlsafe_b64decode(raw.encode() + b"==").decode())
-            key, backwards, sort = decoded["k"], bool(decoded["b"]), tuple(decoded["s"])
-            if sort != self.sort or not isinstance(key, list) or len(key) != len(self.sort):
-                raise ValueError("the cursor belongs to another sort order")
-            values = tuple(
-                model._meta.pk.to_python(v)
-                if (name := _field_and_direction(term)[0]) in ("id", "pk")
-                else _concrete(model._meta.get_field(name)).to_python(v)
-                for term, v in zip(self.sort, key, strict=True)
-            )
-        except Exception:  # any malformed part (base64, JSON, a value of the wrong type) is the same 400
+            return decode_cursor(raw, self.sort, model)
+        except ValueError:
             raise serializers.ValidationError(
                 {self.cursor_query_param: [self.invalid_cursor_message]}
             ) from None
-        return KeyCursor(values, backwards)
 
     def _link(self, row: Model, backwards: bool) -> str:
-        token = encode_cursor(self.sort, self.key_of(row), backwards)
+        token = encode_cursor(self.sort, key_of(self.sort, row), backwards)
         return replace_query_param(self.base_url or "", self.cursor_query_param, token)
 
     def get_next_link(self) -> str | None:  # type: ignore[override]

@@ -12,7 +12,9 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import Prefetch, QuerySet, prefetch_related_objects
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import CharField, Lookup, Prefetch, QuerySet, prefetch_related_objects
+from django.db.models.sql.compiler import SQLCompiler
 
 from console.api.filters import UtcDateTimeFilter
 from console.core.states import JobState
@@ -30,6 +32,41 @@ SORTS: dict[str, tuple[str, ...]] = {
     "priority": ("priority", "created_at", "id"),
 }
 DEFAULT_SORT = "-created_at"
+
+
+def _successor(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix``, in code point order
+    (UTF-8 byte order); None when there is none."""
+    while prefix:
+        last = ord(prefix[-1]) + 1
+        if last == 0xD800:  # surrogates are not characters
+            last = 0xE000
+        if last <= 0x10FFFF:
+            return prefix[:-1] + chr(last)
+        prefix = prefix[:-1]
+    return None
+
+
+@CharField.register_lookup
+class PatternPrefix(Lookup):  # type: ignore[type-arg]
+    """``name__pattern_prefix="gpt"``: ``LIKE 'gpt%'`` plus the byte-wise range it implies
+    (``~>=~``/``~<~``, the operators of the ``varchar_pattern_ops`` index). PostgreSQL adds that
+    range itself only under the "C" collation; without it, a sorted page with a rare prefix scans
+    the whole sort index and filters (74 ms on 100,000 jobs, against 0.3 ms with the range)."""
+
+    lookup_name = "pattern_prefix"
+
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> tuple[str, tuple[Any, ...]]:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        prefix = str(self.rhs)
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        sql = f"({lhs} LIKE %s AND {lhs} ~>=~ %s"
+        params: list[Any] = [*lhs_params, escaped + "%", *lhs_params, prefix]
+        upper = _successor(prefix)
+        if upper is not None:
+            sql += f" AND {lhs} ~<~ %s"
+            params += [*lhs_params, upper]
+        return sql + ")", tuple(params)
 
 
 class JobFilterForm(forms.Form):
@@ -52,7 +89,9 @@ class JobFilter(django_filters.FilterSet):
     )
     owner = django_filters.CharFilter(field_name="owner__username", help_text="The submitter's username")
     name = django_filters.CharFilter(
-        field_name="name", lookup_expr="startswith", help_text="Names starting with this (case-sensitive)"
+        field_name="name",
+        lookup_expr="pattern_prefix",
+        help_text="Names starting with this (case-sensitive)",
     )
     created_after = UtcDateTimeFilter(
         field_name="created_at", lookup_expr="gte", help_text="Submitted at or after (ISO 8601)"

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Page, Paginator
 from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
+from console.api.pagination import decode_cursor, encode_cursor, key_of, keyset_page
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
+from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
 from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
@@ -32,14 +34,18 @@ POLL_LOG_LINES = 2000
 RECENT_BUNDLES = 20
 
 
-def _job_rows(request: HttpRequest, jobs: QuerySet[Job]) -> Page:
+def _with_world_size(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Each job's current world size, in the same query (no query per row)."""
     current_world = Round.objects.filter(job=OuterRef("pk"), number=OuterRef("round_number")).values(
         "world_size"
     )
-    paginator = Paginator(
-        jobs.select_related("owner").annotate(world_size=Subquery(current_world[:1])), JOBS_PER_PAGE
+    return jobs.annotate(world_size=Subquery(current_world[:1]))
+
+
+def _recent_jobs() -> list[Job]:
+    return list(
+        _with_world_size(Job.objects.select_related("owner")).order_by("-created_at", "-id")[:JOBS_PER_PAGE]
     )
-    return paginator.get_page(request.GET.get("page"))
 
 
 def _nodes() -> QuerySet[Node]:
@@ -62,13 +68,12 @@ def cluster_summary() -> dict[str, Any]:
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    jobs = Job.objects.all()
     return render(
         request,
         "web/dashboard.html",
         {
             "summary": cluster_summary(),
-            "page": _job_rows(request, jobs),
+            "jobs": _recent_jobs(),
             "nodes": _nodes(),
             "queue": pending_queue(),
             "node_actions": is_operator(request.user),
@@ -77,23 +82,84 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     )
 
 
+# The jobs list's sortable columns: (label, ascending sort, descending sort), sorts of
+# console/jobs/queries.py. "Age" ascending is the newest first.
+SORTABLE_COLUMNS = {
+    "name": ("Name", "name", "-name"),
+    "priority": ("Priority", "priority", "-priority"),
+    "age": ("Age", "-created_at", "created_at"),
+}
+JOB_LIST_PARAMS = ("state", "owner", "name", "sort")
+SORT_LABELS = {
+    "-created_at": "Newest first",
+    "created_at": "Oldest first",
+    "-id": "Highest id first",
+    "id": "Lowest id first",
+    "name": "Name, A to Z",
+    "-name": "Name, Z to A",
+    "-priority": "Highest priority first",
+    "priority": "Lowest priority first",
+}
+
+
+def _list_url(params: dict[str, str], **changes: str) -> str:
+    wanted = {k: v for k, v in {**params, **changes}.items() if v}
+    return "?" + urlencode(wanted) if wanted else "?"
+
+
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = Job.objects.all()
-    state = request.GET.get("state", "")
-    if state in JobState.values:
-        jobs = jobs.filter(state=state)
-    query = request.GET.get("q", "").strip()
-    if query:
-        jobs = jobs.filter(name__icontains=query)
+    """Jobs filtered by state, owner and name prefix, in any sort order of the API, a page at a
+    time by cursor (console/api/pagination.py): the same queries whatever the page or list size."""
+    params = {key: request.GET.get(key, "").strip() for key in JOB_LIST_PARAMS}
+    found = filter_jobs(params, _with_world_size(Job.objects.all()))
+    errors: dict[str, list[str]] = {}
+    jobs: list[Job] = []
+    has_next = has_previous = False
+    if found.is_valid():
+        sort = job_ordering(params)
+        cursor = None
+        raw = request.GET.get("cursor", "")
+        if raw:
+            try:
+                cursor = decode_cursor(raw, sort, Job)
+            except ValueError:
+                errors["cursor"] = [
+                    "That page link is out of date (the sort order changed); here is the first page."
+                ]
+        jobs, has_next, has_previous = keyset_page(found.qs, sort, cursor, JOBS_PER_PAGE)
+    else:
+        errors = {field: list(messages) for field, messages in found.errors.items()}
+    sort_key = params["sort"] or DEFAULT_SORT
+    columns = {}
+    for column, (label, ascending, descending) in SORTABLE_COLUMNS.items():
+        direction = "ascending" if sort_key == ascending else "descending" if sort_key == descending else ""
+        columns[column] = {
+            "label": label,
+            "aria_sort": direction,
+            "url": _list_url(params, sort=descending if direction == "ascending" else ascending),
+        }
+    sort = job_ordering(params)
     return render(
         request,
         "web/jobs.html",
         {
-            "page": _job_rows(request, jobs),
+            "jobs": jobs,
+            "params": params,
+            "errors": errors,
             "states": JobState.values,
-            "state": state,
-            "q": query,
+            "sorts": [(key, SORT_LABELS.get(key, key)) for key in SORTS],
+            "sort_key": sort_key,
+            "columns": columns,
+            "next_url": _list_url(params, cursor=encode_cursor(sort, key_of(sort, jobs[-1])))
+            if has_next and jobs
+            else "",
+            "previous_url": _list_url(
+                params, cursor=encode_cursor(sort, key_of(sort, jobs[0]), backwards=True)
+            )
+            if has_previous and jobs
+            else "",
+            "first_url": _list_url(params) if has_previous else "",
             "nav": "jobs",
         },
     )

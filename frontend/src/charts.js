@@ -252,7 +252,9 @@ export class MetricChart {
       entry = { data: new Series(), label: style.label || name, color, dash: style.dash, width: style.width || 1.6 };
       this.series.set(name, entry);
       this.rebuild = true;
-    } else if (style.label && (style.label !== entry.label || style.dash !== entry.dash || style.width !== entry.width || style.color !== entry.color)) {
+    } else if (style.label && (style.label !== entry.label || String(style.dash) !== String(entry.dash) || (style.width || 1.6) !== entry.width || (style.color || entry.color) !== entry.color)) {
+      // Compared by value: the rank chart passes a fresh dash array every few seconds, and a
+      // changed style means destroying and rebuilding the uPlot instance (a long task).
       Object.assign(entry, { label: style.label, dash: style.dash, width: style.width || 1.6, color: style.color || entry.color });
       this.rebuild = true;
     }

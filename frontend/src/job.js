@@ -130,6 +130,32 @@ function renderRounds(rounds) {
   );
 }
 
+// --- tables refreshed every few seconds --------------------------------------------------------
+// Rows keyed by ``keyOf``: a row whose data did not change is left alone (no new nodes, no layout
+// of the whole table), a changed one is replaced, and rows are kept in ``items`` order.
+function patchRows(body, items, keyOf, render) {
+  const existing = new Map([...body.children].map((tr) => [tr.dataset.key, tr]));
+  const keep = new Set();
+  let previous = null;
+  for (const item of items) {
+    const key = String(keyOf(item));
+    const signature = JSON.stringify(item);
+    let tr = existing.get(key);
+    if (!tr || tr.dataset.signature !== signature) {
+      const fresh = render(item);
+      fresh.dataset.key = key;
+      fresh.dataset.signature = signature;
+      if (tr) tr.replaceWith(fresh);
+      tr = fresh;
+    }
+    keep.add(tr);
+    const wanted = previous ? previous.nextSibling : body.firstChild;
+    if (wanted !== tr) body.insertBefore(tr, wanted);
+    previous = tr;
+  }
+  for (const tr of [...body.children]) if (!keep.has(tr)) tr.remove();
+}
+
 // --- ranks ------------------------------------------------------------------------------------
 let currentRound = null;
 async function refreshRanks(round) {
@@ -161,8 +187,11 @@ async function refreshRanks(round) {
   if (times.length) stepTime = times.sort((a, b) => a - b)[Math.floor(times.length / 2)];
   renderProgress();
   const body = $("ranks-body");
-  body.replaceChildren(
-    ...rows.map((r) => {
+  patchRows(
+    body,
+    rows,
+    (r) => r.rank,
+    (r) => {
       const tr = document.createElement("tr");
       tr.dataset.rank = r.rank;
       const exitText = r.exit ? (r.exit.signal ? r.exit.signal : `exit ${r.exit.exit_code}`) : "—";
@@ -201,7 +230,7 @@ async function refreshRanks(round) {
         tr.append(td);
       }
       return tr;
-    }),
+    },
   );
   if (!rows.length) body.innerHTML = '<tr><td colspan="7" class="empty">No ranks: the job is not placed.</td></tr>';
   const stragglers = new Set(timing.ranks.filter((r) => r.straggler).map((r) => r.rank));
@@ -384,7 +413,7 @@ $("log-download").addEventListener("click", () => {
 // --- checkpoints ------------------------------------------------------------------------------
 async function refreshCheckpoints() {
   const body = await getJSON(`/api/v1/jobs/${jobId}/checkpoints/`);
-  const rows = body.results.map((c) => {
+  patchRows($("checkpoints-body"), body.results, (c) => c.id, (c) => {
     const tr = document.createElement("tr");
     for (const [text, cls] of [
       [c.step, "num"],
@@ -402,8 +431,7 @@ async function refreshCheckpoints() {
     }
     return tr;
   });
-  $("checkpoints-body").replaceChildren(...rows);
-  $("checkpoints-empty").hidden = rows.length > 0;
+  $("checkpoints-empty").hidden = body.results.length > 0;
 }
 
 // --- charts -----------------------------------------------------------------------------------

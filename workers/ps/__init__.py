@@ -3,7 +3,8 @@
 Modules:
 - ``ps.proto`` -> ``ps_pb2*.py`` (generated, ``generate.py``): the wire contract.
 - ``contract.py``: the environment every process of a PS job is started with (one place).
-- ``server.py``: a PS process (``PsState`` decides, ``Servicer`` converts, ``main`` serves).
+- ``state.py``: ``PsState``, a PS's shards and every decision about them (in-process).
+- ``server.py``: a PS process (``Servicer`` converts messages to ``PsState`` calls, ``main`` serves).
 - ``store.py``, ``optim.py``, ``placement.py``: rows and dense parameters, on-PS optimizers,
   placement and deterministic lazy initialisation.
 - ``checkpoint.py``: per-PS atomic checkpoints and re-sharding to another PS count.

@@ -8,7 +8,7 @@ examples, handed out one at a time with a lease. A worker renews its lease by he
 that leaves, or whose lease runs out, has its shards put back at the front of the queue. A shard
 counts as done only when the worker that holds it completes it, so each example is processed
 exactly once per epoch. (Its gradients may reach a PS twice, once from the worker that died in
-the middle of it: the PS dedupes them by batch key, workers/ps/server.py.)
+the middle of it: the PS dedupes them by batch key, workers/ps/state.py.)
 
 Synchronous mode adds a barrier: a step closes when every live worker has arrived (one that
 leaves or loses its lease stops being waited for); the members are the arrivals with a batch.

@@ -1,0 +1,185 @@
+"""Decisions about a round on this host: pure functions from a `LocalRound` and what monitor.py
+observed to the actions the supervisor carries out, in order. Nothing here signals, sends or
+launches; the round passed in is not changed.
+
+- `decide_stop`: a stop (command, sync, shutdown) or a rank's failure: SIGTERM, grace period.
+- `decide_tick`: one look at the round: spawn once the bundle is fetched, reap ended ranks and
+  report their exits (a failure fails the round, like torchrun's local agent), SIGKILL a rank
+  whose interpreter hangs in its teardown, SIGKILL every rank once the grace period is over, end
+  the round once no rank runs.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from workers.agent.launcher import removed, survivable
+from workers.agent.lifecycle import LocalRound, LocalState, Rank
+from workers.agent.monitor import Observation, RankEnded
+from workers.protocol import RankExit, RankState
+
+
+class StopReason(StrEnum):
+    COMMAND = "command"  # stop, sync, shutdown, or a newer round of the job
+    FAILURE = "failure"  # a local rank failed
+
+
+@dataclass(frozen=True)
+class Move:
+    """LocalRound.set_state."""
+
+    state: LocalState
+
+
+@dataclass(frozen=True)
+class SetDeadline:
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Signal the rank's process group."""
+
+    rank: Rank
+    signum: signal.Signals
+
+
+@dataclass(frozen=True)
+class KillInTeardown:
+    """SIGKILL a rank whose code ended ``since`` seconds ago but whose interpreter has not exited."""
+
+    rank: Rank
+    since: float
+
+
+@dataclass(frozen=True)
+class Reap:
+    """A rank's process has ended: SIGKILL what it left in its group, stop watching it."""
+
+    rank: Rank
+    ended: RankEnded
+    state: RankState
+
+
+@dataclass(frozen=True)
+class ReportExit:
+    """CONTROL_RANK_EXITED; a failed exit is also one of the round's failures."""
+
+    exit: RankExit
+    failed: bool
+
+
+@dataclass(frozen=True)
+class Spawn:
+    bundle_dir: Path | None
+
+
+@dataclass(frozen=True)
+class FailLaunch:
+    message: str
+
+
+@dataclass(frozen=True)
+class End:
+    """CONTROL_ROUND_ENDED with this outcome; the job's pending round may start."""
+
+    outcome: LocalState
+
+
+Action = Move | SetDeadline | Kill | KillInTeardown | Reap | ReportExit | Spawn | FailLaunch | End
+
+OUTCOMES: dict[LocalState, LocalState] = {
+    LocalState.RUNNING: LocalState.SUCCEEDED,
+    LocalState.LAUNCH_FAILED: LocalState.FAILED,
+    LocalState.STOPPING: LocalState.STOPPED,
+    LocalState.KILLING: LocalState.STOPPED,
+    LocalState.FAILING: LocalState.FAILED,
+    LocalState.KILLING_FAILED: LocalState.FAILED,
+}
+
+STOPPED_BY: dict[tuple[LocalState, StopReason], LocalState] = {
+    (LocalState.STARTING, StopReason.COMMAND): LocalState.STOPPING,
+    (LocalState.RUNNING, StopReason.COMMAND): LocalState.STOPPING,
+    (LocalState.RUNNING, StopReason.FAILURE): LocalState.FAILING,
+    (LocalState.LAUNCH_FAILED, StopReason.COMMAND): LocalState.KILLING,
+    (LocalState.FAILING, StopReason.COMMAND): LocalState.STOPPING,
+    (LocalState.KILLING_FAILED, StopReason.COMMAND): LocalState.KILLING,
+}
+
+KILLING: dict[LocalState, LocalState] = {
+    LocalState.STOPPING: LocalState.KILLING,
+    LocalState.FAILING: LocalState.KILLING_FAILED,
+}
+
+
+def decide_stop(
+    local: LocalRound,
+    reason: StopReason,
+    grace: float,
+    now: float,
+    running: list[Rank] | None = None,
+) -> list[Action]:
+    """Stop the round: the first stop sends SIGTERM to every running rank (``running``, by default
+    those whose state is RUNNING) and starts the grace period; a later one only shortens it, and a
+    command outranks a failure (the round then ends STOPPED)."""
+    state = local.state
+    if state.is_final:
+        return []
+    deadline = now + max(0.0, grace)
+    new = STOPPED_BY.get((state, reason), state)
+    if not state.is_ending:
+        if running is None:
+            running = [rank for rank in local.ranks if rank.state == RankState.RUNNING]
+        return [Move(new), SetDeadline(deadline), *(Kill(rank, signal.SIGTERM) for rank in running)]
+    return [Move(new), SetDeadline(min(local.stop_deadline, deadline))]
+
+
+def decide_tick(
+    local: LocalRound, seen: Observation, now: float, grace: float, teardown_timeout: float
+) -> list[Action]:
+    """What to do about the round, given one observation of it at ``now`` (monotonic)."""
+    if seen.fetching:
+        return []
+    if seen.fetched is not None and local.state is LocalState.STARTING:
+        if seen.fetched.error:
+            return [FailLaunch(seen.fetched.error)]
+        return [Spawn(seen.fetched.bundle_dir)]
+    # (A fetch that finished for a round told to stop meanwhile is dropped: nothing is spawned.)
+    state, deadline = local.state, local.stop_deadline
+    running = {rank.local_rank: rank for rank in local.ranks if rank.state == RankState.RUNNING}
+    actions: list[Action] = []
+    for look in seen.ranks:
+        rank = look.rank
+        if look.ended is not None:
+            del running[rank.local_rank]
+            if state.is_ending or removed(local.spec, rank.local_rank):
+                # Stopped by us: the round's stop, or a parameter-server worker taken out.
+                actions.append(Reap(rank, look.ended, RankState.STOPPED))
+                continue
+            failed = not look.ended.succeeded
+            # A parameter-server worker's failure costs its round nothing (launcher.survivable).
+            fails_round = failed and not survivable(local.spec, rank.local_rank)
+            actions.append(Reap(rank, look.ended, RankState.FAILED if failed else RankState.SUCCEEDED))
+            actions.append(ReportExit(look.ended.exit, fails_round))
+            if fails_round:
+                stop = decide_stop(local, StopReason.FAILURE, grace, now, list(running.values()))
+                actions.extend(stop)
+                state = LocalState.FAILING
+                deadline = next(a.at for a in stop if isinstance(a, SetDeadline))
+        elif (
+            look.code_ended_ago is not None
+            and look.code_ended_ago >= teardown_timeout
+            and not state.is_ending
+            and not rank.killed_in_teardown
+        ):
+            actions.append(KillInTeardown(rank, look.code_ended_ago))
+    if running and state in KILLING and now >= deadline:
+        state = KILLING[state]
+        actions.append(Move(state))
+        actions.extend(Kill(rank, signal.SIGKILL) for rank in running.values())
+    if not running and state is not LocalState.STARTING:
+        actions.append(End(OUTCOMES[state]))
+    return actions
