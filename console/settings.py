@@ -192,6 +192,8 @@ DB_WAIT_SECONDS = envfloat("TRAINYARD_DB_WAIT_SECONDS", 15.0)
 HEARTBEAT_INTERVAL = envfloat("TRAINYARD_HEARTBEAT_INTERVAL", 2.0)
 HEARTBEAT_MISSES = envint("TRAINYARD_HEARTBEAT_MISSES", 3, minimum=1)
 CONTROLLER_TICK = envfloat("TRAINYARD_CONTROLLER_TICK", 1.0)
+# An in-place round (console/jobs/inplace.py) not re-formed within this many seconds restarts.
+INPLACE_FORM_TIMEOUT = envfloat("TRAINYARD_INPLACE_FORM_TIMEOUT", 20.0)
 
 # Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are deleted and only
 # their 100-step rollups (min/max/mean/count) stay; log lines older than LOG_RETENTION_DAYS are

@@ -45,6 +45,7 @@ def files(directory: Path = Path("/nonexistent")) -> RankFiles:
         error_file=directory / "error.json",
         telemetry=directory / "telemetry.jsonl",
         end_file=directory / "ended.json",
+        control=directory / "control.json",
     )
 
 

@@ -124,6 +124,7 @@ PER_RANK_VARS = {
     "ROLE_RANK",
     "TORCHELASTIC_ERROR_FILE",
     protocol.ENV_TELEMETRY,
+    protocol.ENV_CONTROL,
     END_FILE_ENV,
 }
 

@@ -26,7 +26,7 @@ def node(pk: int, name: str, slots: int = 2, gpus: tuple[int, ...] = (), takes_w
     return NodeView(id=pk, name=name, takes_work=takes_work, free_slots=slots, free_gpus=gpus)
 
 
-def job(nnodes: str = "1", members: tuple[int, ...] = (), **shape: int) -> JobView:
+def job(nnodes: str = "1", members: tuple[int, ...] = (), inplace: bool = False, **shape: int) -> JobView:
     low, _, high = nnodes.partition(":")
     return JobView(
         id=7,
@@ -35,6 +35,7 @@ def job(nnodes: str = "1", members: tuple[int, ...] = (), **shape: int) -> JobVi
         max_nodes=int(high or low),
         desired_nodes=int(high or low),
         members=members,
+        inplace=inplace,
         **shape,
     )
 
@@ -186,3 +187,40 @@ def test_preemption_shrinks_lower_priority_jobs_toward_min_lowest_priority_first
 def test_a_preemption_plan_keeps_the_lowest_node_ranks() -> None:
     plan = plan_round(snap(job("1:3", members=(C.id, A.id, B.id)), A, B, C), RoundReason.PREEMPTION, target=1)
     assert plan is not None and plan.node_ids == [C.id] and plan.stop == (A.id, B.id)
+
+
+# --- in-place rounds (sdk.elastic jobs) -------------------------------------------------------
+
+
+def test_an_inplace_resize_up_carries_every_member_rank_over_unchanged() -> None:
+    j = replace(job("1:3", members=(A.id, B.id), inplace=True, nproc_per_node=2), desired_nodes=3)
+    plan = plan_round(snap(j, A, B, C), RoundReason.RESIZE)
+    assert plan is not None and plan.inplace and plan.stop == ()
+    assert plan.carry_over == ((0, 0), (1, 1), (2, 2), (3, 3))  # C's ranks 4, 5 start afresh
+
+
+def test_an_inplace_drain_moves_the_ranks_after_the_leaving_node_down() -> None:
+    j = job("1:3", members=(A.id, B.id, C.id), inplace=True, nproc_per_node=2)
+    draining = replace(A, takes_work=False)
+    plan = plan_round(snap(j, draining, B, C), RoundReason.DRAIN, leaving=A.id)
+    assert plan is not None and plan.stop == (A.id,)
+    assert plan.carry_over == ((2, 0), (3, 1), (4, 2), (5, 3))
+
+
+def test_lost_nodes_failures_and_jobs_without_the_sdk_restart_afresh() -> None:
+    j = job("1:3", members=(A.id, B.id, C.id), inplace=True)
+    for reason, leaving in ((RoundReason.NODE_LOSS, C.id), (RoundReason.FAILURE, None)):
+        plan = plan_round(snap(j, A, B, replace(C, takes_work=False)), reason, leaving=leaving)
+        assert plan is not None and not plan.inplace
+    plain = replace(job("1:3", members=(A.id, B.id)), desired_nodes=3)
+    assert not (plan := plan_round(snap(plain, A, B, C), RoundReason.RESIZE)) or not plan.inplace
+    grown = replace(j, members=(A.id, B.id))
+    stopped = plan_round(snap(grown, A, B, C), RoundReason.AUTOSCALE, previous_running=False)
+    assert stopped is not None and not stopped.inplace
+
+
+def test_a_fallback_restarts_every_member_at_once_uncharged() -> None:
+    j = job("1:3", members=(A.id, B.id), inplace=True)
+    plan = plan_round(snap(j, A, B), RoundReason.FALLBACK)
+    assert plan is not None and plan.node_ids == [A.id, B.id] and plan.stop == (A.id, B.id)
+    assert plan.stop_at_once and not plan.charged and not plan.inplace

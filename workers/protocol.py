@@ -116,6 +116,17 @@ class PsRound(TypedDict):
     # processes (started) or some marked removed (stopped); the other ranks run on untouched.
 
 
+class CarryOver(TypedDict):
+    """An in-place round (SDK jobs, workers/sdk/elastic.py): the previous round's ranks that stay.
+
+    A host running ``from_round`` keeps those of its ranks that ``ranks`` maps (old global rank,
+    a JSON string key, to new global rank) running, writes each its new control file, and starts
+    only the round's other local ranks. A host not running ``from_round`` starts the round as usual."""
+
+    from_round: int
+    ranks: dict[str, int]
+
+
 class RoundSpec(TypedDict):
     job_id: int
     round: int
@@ -143,6 +154,8 @@ class RoundSpec(TypedDict):
     # parameter_server jobs only: each local rank is one process of a role, started with the
     # environment of workers/ps/contract.py (workers/agent/launcher.py).
     ps: NotRequired[PsRound]
+    # In-place rounds only (the job's script uses sdk.elastic): survivors keep their processes.
+    carry_over: NotRequired[CarryOver]
 
 
 class GpuInfo(TypedDict):
@@ -189,6 +202,11 @@ class RoundStatus(TypedDict):
     ranks: list[RankStatus]
     last_step: int | None  # latest step any local rank logged in this round
     first_step_at: float | None  # unix time of the first step logged in this round
+    # In-place rounds only, from the SDK's state files: "pending" until every local rank has
+    # re-formed at this round ("formed"), "failed" when one could not (the controller restarts).
+    inplace: NotRequired[str]
+    inplace_reason: NotRequired[str]
+    inplace_formed_at: NotRequired[float]  # unix time the host's last rank formed the round
 
 
 class RankExit(TypedDict):
@@ -226,3 +244,10 @@ ENV_PRECISION = "TRAINYARD_PRECISION"
 ENV_GRAD_ACCUM = "TRAINYARD_GRAD_ACCUM_STEPS"
 ENV_STRATEGY = "TRAINYARD_STRATEGY"
 ENV_NODE = "TRAINYARD_NODE"
+# Each rank's control file (workers/sdk/elastic.py): the agent writes the round the rank is in
+# (job_id, round, rank (-1 = leave), local_rank, world_size, master_addr, master_port); the SDK
+# writes its state (forming|formed|failed|left, round, step) to the same path plus ".state".
+ENV_CONTROL = "TRAINYARD_CONTROL"
+INPLACE_PENDING = "pending"
+INPLACE_FORMED = "formed"
+INPLACE_FAILED = "failed"

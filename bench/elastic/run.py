@@ -10,7 +10,10 @@ Three cases, each repeated, medians reported (seconds):
   of a 3 x 1 job; Trainyard's agents heartbeat every 2 s.
 
 The script is tests/scripts/ddp_train.py (plain torch, gloo, checkpoints every 5 steps), timed
-from its own per-step log. A torchrun case that never reaches the step is reported as null
+from its own per-step log. In-place cases (``inplace_*``) run tests/scripts/elastic_count.py
+(sdk.elastic, job spec ``elastic: inplace``) on the same cluster: resize 2 → 3 → first step at
+world 3, and 3 → 2 → first step of the new round, both timed from the API call.
+``--inplace-only`` runs just those. A torchrun case that never reaches the step is reported as null
 with the time waited. Needs PostgreSQL and Redis on 127.0.0.1 (a bench database is created and
 dropped).
 """
@@ -48,6 +51,7 @@ second."""
 TORCHRUN_WAIT = 25.0
 TORCHRUN_RANK_KILL_REFERENCE = 4.5  # s, kill -9 one rank under torchrun --standalone (measured on these machines)  # how long a torchrun case may take before it counts as "never"
 DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
+SDK_SCRIPT = REPO / "tests" / "scripts" / "elastic_count.py"
 
 os.environ.update(
     {
@@ -113,7 +117,31 @@ def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
     ]
 
 
-def script_pids(root_pid: int) -> list[int]:
+def wait_records(record: Path, world: int, count: int, timeout: float = 90.0) -> bool:
+    """elastic_count.py's record: ``count`` steps of rank 0 at ``world``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = read_progress(record)
+        if sum(1 for r in lines if r.get("world") == world and r.get("rank") == 0) >= count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def first_record_after(
+    record: Path, t0: float, world: int, round_above: int = 0, timeout: float = 60.0
+) -> float | None:
+    """Seconds from ``t0`` to the first step elastic_count.py recorded at ``world`` after it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in read_progress(record):
+            if r.get("world") == world and r.get("round", 0) > round_above and r.get("t", 0) > t0:
+                return float(r["t"] - t0)
+        time.sleep(0.05)
+    return None
+
+
+def script_pids(root_pid: int, script: Path = DDP_SCRIPT) -> list[int]:
     import psutil
 
     try:
@@ -123,7 +151,7 @@ def script_pids(root_pid: int) -> list[int]:
     pids = []
     for child in children:
         with contextlib.suppress(psutil.Error):
-            if any(DDP_SCRIPT.name in part for part in child.cmdline()) and "torchrun" not in " ".join(
+            if any(script.name in part for part in child.cmdline()) and "torchrun" not in " ".join(
                 child.cmdline()[:2]
             ):
                 pids.append(child.pid)
@@ -288,12 +316,12 @@ class Trainyard:
             self.api.post(f"/api/v1/jobs/{job_id}/resize/", {"nodes": desired}, format="json")
         return job_id
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, script: Path = DDP_SCRIPT) -> None:
         self.api.post(f"/api/v1/jobs/{job_id}/stop/")
         # Wait until no rank of the job is left, so cases don't overlap.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(
-            script_pids(a.pid) for a in self.agents.agents if a.popen.poll() is None
+            script_pids(a.pid, script) for a in self.agents.agents if a.popen.poll() is None
         ):
             time.sleep(0.2)
 
@@ -341,6 +369,61 @@ class Trainyard:
         finally:
             self.stop(job)
             self.revive()
+
+    def inplace_resizes(self, work: Path) -> tuple[float | None, float | None]:
+        """An SDK job (in place) resized 2 → 3, then 3 → 2: seconds from each API call to the
+        first step at the new world in the new round. Each resize is made once the round before
+        has formed (a change while one is still forming restarts); a change that did not happen
+        in place counts as none."""
+        self.wait_pools()  # the joiner comes from a settled warm pool, as on an idle host
+        record = work / "record.jsonl"
+        body = {
+            "name": "bench-inplace",
+            "entrypoint": str(SDK_SCRIPT),
+            "workdir": str(REPO),
+            "args": ["--record", str(record), "--examples", "200000", "--step-sleep", str(STEP_SLEEP)],
+            "nnodes": "1:3",
+            "nproc_per_node": 1,
+            "max_restarts": 100,
+            "grace_period": 10,
+            "elastic": "inplace",
+        }
+        job: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
+        self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 2}, format="json")
+        try:
+            if not self.settled(job, world=2) or not wait_records(record, world=2, count=TRAINED_STEPS):
+                return None, None
+            up = self.timed_resize(job, record, 3)
+            if up is None or not self.settled(job, world=3):
+                return up, None
+            return up, self.timed_resize(job, record, 2)
+        finally:
+            self.stop(job, script=SDK_SCRIPT)
+
+    def timed_resize(self, job: int, record: Path, nodes: int) -> float | None:
+        from console.jobs.models import Round
+
+        before = Round.objects.filter(job_id=job).order_by("-number").values_list("number", flat=True)[0]
+        t0 = time.time()
+        response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": nodes}, format="json")
+        assert response.status_code == 200, response.content
+        took = first_record_after(record, t0, world=nodes, round_above=before)
+        if not Round.objects.filter(job_id=job, number=before + 1).exclude(carry_over={}).exists():
+            print(f"  round {before + 1} was not in place", flush=True)
+            return None
+        return took
+
+    def settled(self, job_id: int, world: int, timeout: float = 60.0) -> bool:
+        """The job's current round has ``world`` ranks and, if in place, has formed."""
+        from console.jobs.models import Job
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rnd = Job.objects.get(pk=job_id).current_round()
+            if rnd is not None and rnd.world_size == world and (not rnd.inplace or rnd.formed_at is not None):
+                return True
+            time.sleep(0.05)
+        return False
 
     def node_of(self, job_id: int, rank: int) -> Any:
         from console.jobs.models import Job
@@ -407,11 +490,53 @@ def measure(
     return values
 
 
+def measure_inplace(reps: int, ty: Trainyard, root: Path) -> dict[str, list[float | None]]:
+    print("SDK script in place (sdk.elastic): resize 2→3, then 3→2, from the API call", flush=True)
+    found: dict[str, list[float | None]] = {"scale_up": [], "scale_down": []}
+    for rep in range(reps):
+        work = root / f"rep-{rep}"
+        work.mkdir(parents=True)
+        up, down = ty.inplace_resizes(work)
+        found["scale_up"].append(up)
+        found["scale_down"].append(down)
+        print(f"  {'in place 2→3 / 3→2':<26} rep {rep + 1}: {fmt(up, 60)} / {fmt(down, 60)}", flush=True)
+    return found
+
+
+def spread(values: list[float | None]) -> str:
+    done = [v for v in values if v is not None]
+    return f"{min(done):.2f}-{max(done):.2f} s" if done else "-"
+
+
+def print_inplace(found: dict[str, list[float | None]]) -> None:
+    print()
+    print(f"{'in place (median of reps)':<34} {'median':>10} {'range':>16} {'target':>8}")
+    for label, key in (
+        ("resize 2→3 → step at world 3", "scale_up"),
+        ("resize 3→2 → step in new round", "scale_down"),
+    ):
+        print(f"{label:<34} {fmt(median(found[key]), 60):>10} {spread(found[key]):>16} {'1.0 s':>8}")
+    print("rank kill and node loss are not in place yet: the SDK job restarts (the plain figures above)")
+
+
+def inplace_figures(found: dict[str, list[float | None]]) -> dict[str, Any]:
+    return {
+        "inplace_scale_up_s": median(found["scale_up"]),
+        "inplace_scale_down_s": median(found["scale_down"]),
+        "inplace_scale_up_runs": found["scale_up"],
+        "inplace_scale_down_runs": found["scale_down"],
+        # Not in place yet (a failed collective ends the ranks; the restart path recovers).
+        "inplace_rank_kill_s": None,
+        "inplace_node_loss_s": None,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--inplace-only", action="store_true", help="only the SDK script's in-place cases")
     args = parser.parse_args()
 
     import redis
@@ -432,17 +557,25 @@ def main() -> int:
         print("Trainyard (controller + 3 agents, heartbeat 2 s)", flush=True)
         ty = Trainyard(root / "trainyard")
         try:
-            results["trainyard"]["rank_kill"] = measure(
-                "rank kill", args.reps, ty.rank_kill, root / "ty", args.reps
-            )
-            results["trainyard"]["scale_up"] = measure(
-                "scale-up 2→3", args.reps, ty.scale_up, root / "ty", args.reps
-            )
-            results["trainyard"]["node_kill"] = measure(
-                "node kill", args.reps, ty.node_kill, root / "ty", args.reps
-            )
+            inplace = measure_inplace(args.reps, ty, root / "inplace")
+            if not args.inplace_only:
+                results["trainyard"]["rank_kill"] = measure(
+                    "rank kill", args.reps, ty.rank_kill, root / "ty", args.reps
+                )
+                results["trainyard"]["scale_up"] = measure(
+                    "scale-up 2→3", args.reps, ty.scale_up, root / "ty", args.reps
+                )
+                results["trainyard"]["node_kill"] = measure(
+                    "node kill", args.reps, ty.node_kill, root / "ty", args.reps
+                )
         finally:
             ty.close()
+        if args.inplace_only:
+            redis.Redis.from_url(BENCH_REDIS).flushdb()
+            drop_database()
+            print_inplace(inplace)
+            print(json.dumps(inplace_figures(inplace)))
+            return 0
         print("torchrun (c10d / standalone)", flush=True)
         results["torchrun"]["rank_kill"] = measure("rank kill", args.reps, torchrun_rank_kill, root / "tr", 3)
         results["torchrun"]["scale_up"] = measure(
@@ -493,6 +626,11 @@ def main() -> int:
     figures["torchrun_wait_s"] = TORCHRUN_WAIT
     print()
     print("targets: rank-kill ratio <= 0.5; scale-up <= 5 s; node loss <= 10 s (2 s heartbeats)")
+    print_inplace(inplace)
+    figures.update(inplace_figures(inplace))
+    figures["plain_rank_kill_ratio"] = figures["rank_kill_ratio"]
+    figures["plain_scale_up_s"] = figures["trainyard_scale_up_s"]
+    figures["plain_node_loss_s"] = figures["trainyard_node_kill_s"]
     print(json.dumps(figures))
     return 0
 

@@ -121,13 +121,14 @@ class RoundReason(models.TextChoices):
     RESTART = "restart", "restart"  # the operator restarted it on the same nodes
     FAILURE = "failure", "failure"  # a rank failed
     NODE_LOSS = "node_loss", "node loss"  # a node was lost, went offline or its agent restarted
+    FALLBACK = "fallback", "in-place fallback"  # an in-place round did not form: restarted afresh
 
     @property
     def job_state(self) -> JobState:
         """The state a job is in while a round started for this reason comes up."""
         if self in (RoundReason.START, RoundReason.RESUME):
             return JobState.STARTING
-        if self in (RoundReason.FAILURE, RoundReason.RESTART):
+        if self in (RoundReason.FAILURE, RoundReason.RESTART, RoundReason.FALLBACK):
             return JobState.RESTARTING
         return JobState.RESIZING
 
@@ -139,7 +140,13 @@ class RoundReason(models.TextChoices):
     def breaks_previous(self) -> bool:
         """The previous round lost a member for good: its collectives are gone, and ranks blocked
         in C++ ignore SIGTERM, so it cannot checkpoint together and is killed at once."""
-        return self in (RoundReason.FAILURE, RoundReason.NODE_LOSS)
+        return self in (RoundReason.FAILURE, RoundReason.NODE_LOSS, RoundReason.FALLBACK)
+
+    @property
+    def may_be_inplace(self) -> bool:
+        """Planned changes while the job runs: its survivors can re-form in place (sdk.elastic).
+        A lost node or failed rank breaks the group's collectives, so those restart afresh."""
+        return self in (RoundReason.RESIZE, RoundReason.AUTOSCALE, RoundReason.PREEMPTION, RoundReason.DRAIN)
 
 
 class RoundOutcome(models.TextChoices):

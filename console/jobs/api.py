@@ -119,6 +119,15 @@ class JobSpecSerializer(serializers.Serializer):
         default=dict,
         help_text="parameter_server only: {ps: {count, mode}, worker: {count, min, max}}",
     )
+    elastic = serializers.ChoiceField(
+        choices=["inplace", "restart"],
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="inplace: the script uses sdk.elastic, so membership changes keep its processes; "
+        "restart: every change restarts the ranks. Default: inplace for built-in workloads that "
+        "support it, restart otherwise.",
+    )
 
     def validate_nnodes(self, value: str) -> str:
         parse_nnodes(value)
@@ -163,9 +172,26 @@ class JobSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {"entrypoint": ["A relative entrypoint needs a bundle or a workdir (host path)."]}
             )
+        attrs["elastic"] = self._elastic_mode(attrs)
         if len(str(attrs.get("hyperparameters", {}))) > 65536:
             raise serializers.ValidationError({"hyperparameters": ["Too large (64 KiB at most)."]})
         return attrs
+
+    @staticmethod
+    def _elastic_mode(attrs: dict[str, Any]) -> str:
+        from workers.workloads import catalog
+
+        asked = attrs.get("elastic") or ""
+        if attrs.get("strategy") == Strategy.PARAMETER_SERVER:
+            if asked == "inplace":
+                raise serializers.ValidationError(
+                    {"elastic": ["parameter_server jobs resize their worker role in place already."]}
+                )
+            return "restart"
+        if asked:
+            return str(asked)
+        info = catalog.WORKLOADS.get(attrs.get("workload", ""))
+        return "inplace" if info is not None and info.inplace else "restart"
 
     @staticmethod
     def _validate_roles(attrs: dict[str, Any]) -> None:
@@ -212,8 +238,10 @@ class JobSpecSerializer(serializers.Serializer):
     def to_job(self, owner: Any) -> Job:
         data = dict(self.validated_data)
         low, high = parse_nnodes(data.pop("nnodes"))
+        inplace = data.pop("elastic", "") == "inplace"
         return Job(
             owner=owner if owner.is_authenticated else None,
+            inplace=inplace,
             min_nodes=low,
             max_nodes=high,
             desired_nodes=high,
@@ -231,6 +259,10 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class RoundSerializer(serializers.ModelSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
+    inplace = serializers.BooleanField(read_only=True, help_text="Survivors kept their processes")
+    change_seconds = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="How long the membership change into this round took"
+    )
 
     class Meta:
         model = Round
@@ -241,6 +273,10 @@ class RoundSerializer(serializers.ModelSerializer):
             "master_addr",
             "master_port",
             "charged",
+            "inplace",
+            "carry_over",
+            "formed_at",
+            "change_seconds",
             "created_at",
             "first_step_at",
             "ended_at",
@@ -255,6 +291,7 @@ class JobSerializer(serializers.ModelSerializer):
     world_size = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
     nnodes = serializers.CharField(read_only=True)
+    elastic = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -289,11 +326,15 @@ class JobSerializer(serializers.ModelSerializer):
             "env",
             "hyperparameters",
             "roles",
+            "elastic",
             "created_at",
             "started_at",
             "finished_at",
         ]
         read_only_fields = fields
+
+    def get_elastic(self, job: Job) -> str:
+        return "inplace" if job.inplace else "restart"
 
     def _current(self, job: Job) -> Round | None:
         """The current round, as attach_current_rounds loaded it for a page (one query per job

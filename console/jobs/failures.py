@@ -20,6 +20,7 @@ from django.utils import timezone
 from console.cluster.models import Node
 from console.core.decision import decision
 from console.core.states import AllocationState, JobState, NodeState, RoundOutcome, RoundReason
+from console.jobs.inplace import fall_back, forming
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.rounds import finish_job
@@ -36,6 +37,11 @@ def failed(exit: protocol.RankExit) -> bool:
 def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
     """Record the round's first failure, then settle it if every host has shown it is alive."""
     rnd = alloc.round
+    if forming(rnd):
+        # Before its ranks re-formed in place: the in-place change failed, not the job.
+        what = describe({"signal": exit.get("signal"), "exit_code": exit.get("exit_code")})
+        fall_back(job, rnd, f"rank {exit.get('rank')} on {alloc.node.name} ended with {what}")
+        return
     if alloc.is_live:
         alloc.set_state(AllocationState.FAILED)
         alloc.save(update_fields=["state"])

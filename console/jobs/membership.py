@@ -40,6 +40,10 @@ def change_membership(
         leaving=leaving.pk if leaving else None,
         target=target,
         previous_failed=current is not None and current.round_outcome is RoundOutcome.FAILED,
+        # An in-place round needs the ranks running, and in a group: not one still re-forming.
+        previous_running=current is not None
+        and current.ended_at is None
+        and (not current.inplace or current.formed_at is not None),
     )
     if plan is None:
         return None

@@ -81,6 +81,9 @@ class Job(models.Model):
     # parameter_server only: {"ps": {"count": M, "mode": "async"}, "worker": {"count": N, "min": a,
     # "max": b}} (console/jobs/roles.py checks it). Empty for allreduce.
     roles = models.JSONField(default=dict, blank=True)
+    # The script keeps its processes across membership changes (workers/sdk/elastic.py): resizes,
+    # drains and preemptions are in-place rounds, survivors re-form instead of restarting.
+    inplace = models.BooleanField(default=False, help_text="Membership changes are in-place rounds")
     # Life.
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     round_number = models.PositiveIntegerField(default=0, help_text="Current round; 0 before the first")
@@ -186,6 +189,12 @@ class Round(models.Model):
         default=False,
         help_text="A rank failed; the controller has not yet decided what it costs the job",
     )
+    # In-place rounds: the previous round's ranks that stay, {"from_round": N, "ranks": {old: new}}
+    # (protocol.CarryOver); empty for a round that starts every rank afresh.
+    carry_over = models.JSONField(default=dict, blank=True)
+    formed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When every host reported its ranks re-formed in place"
+    )
 
     class Meta:
         ordering = ["job", "number"]
@@ -200,6 +209,19 @@ class Round(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} round {self.number}"
+
+    @property
+    def inplace(self) -> bool:
+        return bool(self.carry_over)
+
+    @property
+    def change_seconds(self) -> float | None:
+        """How long the membership change into this round took: to the re-formed group for an
+        in-place round, to the first step for a restart (None for the first round, or before)."""
+        end = self.formed_at if self.inplace else self.first_step_at
+        if self.number <= 1 or end is None:
+            return None
+        return max(0.0, (end - self.created_at).total_seconds())
 
     @property
     def round_outcome(self) -> RoundOutcome:
@@ -226,6 +248,8 @@ class Allocation(models.Model):
     # parameter_server only: this node's processes by local rank, [{"role", "index", "rank",
     # "port"}] (port for the coordinator and PS, which listen); empty for allreduce.
     processes = models.JSONField(default=list, blank=True)
+    # In-place rounds: what the host's heartbeats say of its ranks (protocol.INPLACE_*).
+    inplace = models.CharField(max_length=16, blank=True)
 
     class Meta:
         ordering = ["round", "node_rank"]

@@ -38,6 +38,7 @@ class JobView:
     gpus_per_proc: int = 0
     priority: int = 0
     members: tuple[int, ...] = ()
+    inplace: bool = False  # its script keeps its processes across rounds (sdk.elastic)
     # parameter_server jobs: the PS and worker counts (0 for allreduce).
     ps_count: int = 0
     workers: int = 0
@@ -129,6 +130,13 @@ class Plan:
     stop: tuple[int, ...]  # nodes whose ranks of the previous round must stop
     stop_at_once: bool  # the previous round is broken: no grace period
     charged: bool  # counted against max_restarts
+    # In place: the previous round's ranks that stay, (old global rank, new global rank); their
+    # nodes keep them running and start only the others. Empty: every rank starts afresh.
+    carry_over: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def inplace(self) -> bool:
+        return bool(self.carry_over)
 
     @property
     def requeue(self) -> bool:
@@ -235,7 +243,7 @@ def choose(
     if reason in (RoundReason.START, RoundReason.RESUME):
         fitting = sorted((n for n in snap.nodes.values() if snap.fits(n)), key=lambda n: n.name)
         return fitting[: job.desired_nodes] if len(fitting) >= job.min_nodes else None
-    if reason is RoundReason.RESTART:
+    if reason in (RoundReason.RESTART, RoundReason.FALLBACK):
         return snap.members() or None
     if reason is RoundReason.PREEMPTION:
         assert target is not None, "a preemption says how many nodes the job keeps"
@@ -268,10 +276,12 @@ def plan_round(
     leaving: int | None = None,
     target: int | None = None,
     previous_failed: bool = False,
+    previous_running: bool = True,
 ) -> Plan | None:
     """The plan for ``reason``, or None when the job's membership should stay as it is.
 
     ``previous_failed``: a rank of the current round failed, so it is broken like a lost node's.
+    ``previous_running``: the current round's ranks still run (an in-place round needs them).
     """
     chosen = choose(snap, reason, leaving=leaving, target=target)
     if chosen is None:
@@ -289,6 +299,22 @@ def plan_round(
         stop=tuple(stop),
         stop_at_once=broken and bool(members),
         charged=reason.charged,
+        carry_over=carried(snap.job, members)
+        if snap.job.inplace and reason.may_be_inplace and previous_running and not broken
+        else (),
+    )
+
+
+def carried(job: JobView, members: Sequence[NodeView]) -> tuple[tuple[int, int], ...]:
+    """An in-place round's survivors: every rank of a node that stays, from its old global rank
+    to its new one (a node keeps its local ranks; its node rank may move down)."""
+    old_rank = {pk: index for index, pk in enumerate(job.members)}
+    per_node = job.nproc_per_node
+    return tuple(
+        (old_rank[node.id] * per_node + local, new_rank * per_node + local)
+        for new_rank, node in enumerate(members)
+        if node.id in old_rank
+        for local in range(per_node)
     )
 
 

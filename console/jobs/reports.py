@@ -18,6 +18,7 @@ from console.cluster.models import Node
 from console.core.decision import decision
 from console.core.states import AllocationState, JobState
 from console.core.transport import send_on_commit
+from console.jobs import inplace
 from console.jobs.failures import failed, record_failure
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.parameter_server import is_worker_exit, worker_exited
@@ -186,6 +187,8 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
         if state.is_final:
             _repair_lost_end(job, alloc, state, status)
             return
+        if inplace.record_status(job, alloc, status):
+            return  # it did not form: a fallback round replaced it
         if state in (RoundState.RUNNING, RoundState.STARTING) and alloc.state == AllocationState.ASSIGNED:
             alloc.set_state(AllocationState.RUNNING)
             alloc.save(update_fields=["state"])

@@ -64,6 +64,8 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
     nodes = Node.objects.in_bulk(plan.node_ids)
     head = nodes[plan.placements[0].node_id]
     processes = _process_rows(nodes, plan)
+    # A round that already ended (the job waited in the queue since) had its ranks stopped then.
+    still_running = previous is not None and previous.ended_at is None
     rnd = Round.objects.create(
         job=job,
         number=job.round_number + 1,
@@ -73,6 +75,7 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
         # A parameter-server round's "master" is its coordinator (on node rank 0).
         master_port=processes[head.pk][0]["port"] if processes else _pick_port(head),
         charged=plan.charged,
+        carry_over=carry_over_of(plan, previous) if still_running else {},
     )
     for place in plan.placements:
         rows = processes.get(place.node_id, [])
@@ -84,8 +87,6 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
             gpu_indices=list(place.gpus),
             processes=rows,
         )
-    # A round that already ended (the job waited in the queue since) had its ranks stopped then.
-    still_running = previous is not None and previous.ended_at is None
     if previous is not None:
         end_round(previous, RoundOutcome.REPLACED)
     job.set_state(plan.reason.job_state)
@@ -100,17 +101,27 @@ def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
     for alloc in rnd.allocations.select_related("node"):
         send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
     names = [nodes[p.node_id].name for p in plan.placements]
+    how = ", in place" if rnd.inplace else ""
+    extra: dict[str, Any] = {"inplace": True} if rnd.inplace else {}
     events.emit(
         f"round.{plan.reason.value}",
-        f"Round {rnd.number}: {len(names)} node(s), world size {rnd.world_size} ({plan.reason.label})",
+        f"Round {rnd.number}: {len(names)} node(s), world size {rnd.world_size} ({plan.reason.label}{how})",
         job=job,
         round_number=rnd.number,
         nodes=names,
         world_size=rnd.world_size,
         charged=plan.charged,
+        **extra,
     )
     events.job_changed(job)
     return rnd
+
+
+def carry_over_of(plan: Plan, previous: Round | None) -> dict[str, Any]:
+    """The round's protocol.CarryOver: empty unless the plan is in place."""
+    if not plan.inplace or previous is None:
+        return {}
+    return {"from_round": previous.number, "ranks": {str(old): new for old, new in plan.carry_over}}
 
 
 def _process_rows(nodes: dict[int, Node], plan: Plan) -> dict[int, list[dict[str, Any]]]:

@@ -11,6 +11,7 @@ from console.cluster.watch import detect_lost_nodes, progress_drains
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs.failures import settle_failed_rounds
+from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
 from console.jobs.planning import needs_growth, preemption_victims
@@ -21,9 +22,11 @@ PENDING_ORDER = ("-priority", "created_at", "id")
 
 
 def tick() -> None:
-    """Periodic checks: lost nodes, failures awaiting settlement, drains, pending jobs, growth."""
+    """Periodic checks: lost nodes, failures awaiting settlement, in-place rounds slow to form,
+    drains, pending jobs, growth."""
     detect_lost_nodes()
     settle_failed_rounds()
+    check_forming_rounds()
     progress_drains()
     schedule()
 

@@ -44,6 +44,7 @@ def job_view(job: Job) -> JobView:
         members=tuple(n.pk for n in members(rnd)),
         ps_count=job.role_count("ps") if job.is_parameter_server else 0,
         workers=job.role_count("worker") if job.is_parameter_server else 0,
+        inplace=job.inplace and not job.is_parameter_server,
     )
 
 

@@ -46,6 +46,11 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
         "max_restarts": job.max_restarts,
         "grace_period": job.grace_period,
     }
+    if rnd.carry_over:
+        spec["carry_over"] = {
+            "from_round": int(rnd.carry_over["from_round"]),
+            "ranks": {str(old): int(new) for old, new in rnd.carry_over["ranks"].items()},
+        }
     if job.is_parameter_server and alloc.processes:
         spec["nproc_per_node"] = len(alloc.processes)
         spec["ps"] = ps_round(job, rnd, alloc)

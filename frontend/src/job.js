@@ -110,11 +110,20 @@ function renderRounds(rounds) {
         [allocs, ""],
         [r.outcome || "—", ""],
         [timeOf(r.created_at), "num"],
+        [r.change_seconds == null ? "—" : `${r.change_seconds.toFixed(2)} s`, "num"],
       ]) {
         const td = document.createElement("td");
         td.textContent = text;
         if (cls) td.className = cls;
         tr.append(td);
+      }
+      if (r.inplace) {
+        // The reason cell says the survivors kept their processes.
+        const badge = document.createElement("span");
+        badge.className = "badge";
+        badge.title = "Survivors kept their processes";
+        badge.textContent = "in place";
+        tr.children[1].append(" ", badge);
       }
       return tr;
     }),

@@ -32,6 +32,7 @@ from workers.agent.decide import (
 from workers.agent.launcher import (
     LaunchError,
     RankFiles,
+    carried_ranks,
     fetch_bundle,
     global_rank,
     rank_command,
@@ -39,6 +40,7 @@ from workers.agent.launcher import (
     regroup,
     removed,
     start_rank,
+    write_rank_control,
 )
 from workers.agent.lifecycle import LocalRound, LocalState, Rank
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
@@ -159,14 +161,59 @@ class RoundActor:
         command = rank_command(spec, bundle_dir, local_rank)
         env = rank_env(self._config, spec, local_rank, files)
         env[ENV_AGENT_SESSION] = self._session
+        write_rank_control(files.control, spec, local_rank)
         handler, how = start_rank(command, env, files, local_rank, self._pool)
         self._reaper.watch(handler.proc.pid)
-        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler)
+        rank = Rank(local_rank, global_rank(spec, local_rank), files, handler, origin_round=spec["round"])
         local.ranks.append(rank)
         self._shipper.add(
             spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
         )
         return how
+
+    def carry_over(self, old: LocalRound, spec: RoundSpec) -> LocalRound | None:
+        """An in-place round (protocol.CarryOver): this host's ranks of ``old`` keep running with
+        their new ranks (their control files say so; sdk.elastic re-forms at a step boundary) and
+        only the round's other local ranks start. None when the ranks here cannot all carry over
+        (the round then replaces the old one the usual way)."""
+        carried = carried_ranks(spec)
+        if carried is None or "ps" in spec or old.state is not LocalState.RUNNING:
+            return None
+        if old.number != spec["carry_over"]["from_round"]:
+            return None
+        first = spec["node_rank"] * spec["nproc_per_node"]
+        moves = [(rank, carried.get(rank.rank, -1)) for rank in old.ranks]
+        if not moves or any(
+            rank.state is not RankState.RUNNING or not first <= new < first + spec["nproc_per_node"]
+            for rank, new in moves
+        ):
+            return None
+        local = LocalRound(spec=spec, state=LocalState.RUNNING)
+        for rank, new in moves:
+            self._shipper.carry((old.job_id, old.number, rank.rank), (local.job_id, local.number, new))
+            rank.rank, rank.local_rank = new, new - first
+            write_rank_control(rank.files.control, spec, rank.local_rank)
+            local.ranks.append(rank)
+        old.ranks = []  # the controller ended the old round when it made this one
+        self._shipper.forget_round(old.job_id, old.number)
+        kept = {rank.local_rank for rank in local.ranks}
+        newcomers = [i for i in range(spec["nproc_per_node"]) if i not in kept]
+        try:
+            bundle_dir = fetch_bundle(self._config, spec) if newcomers else None  # cached by now
+            for local_rank in newcomers:
+                self._spawn_rank(local, bundle_dir, local_rank)
+        except (LaunchError, OSError) as exc:
+            logger.error("job %s round %s cannot start: %s", spec["job_id"], spec["round"], exc)
+            self._fail_launch(local, str(exc))
+        logger.info(
+            "job %s round %s in place: ranks %s kept (pids %s), local ranks %s started",
+            local.job_id,
+            local.number,
+            [r.rank for r in local.ranks if r.local_rank in kept],
+            [r.pid for r in local.ranks if r.local_rank in kept],
+            newcomers,
+        )
+        return local
 
     def regroup(self, local: LocalRound, spec: RoundSpec) -> None:
         """A parameter-server round's worker role resized in place (launcher.regroup says what

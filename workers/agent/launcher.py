@@ -29,6 +29,7 @@ from workers.agent.config import AgentConfig
 from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
 from workers.ps import contract as ps_contract
+from workers.sdk.elastic import Control, write_control
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class RankFiles:
     error_file: Path
     telemetry: Path
     end_file: Path  # how the rank's Python code ended, before its interpreter's teardown (runner.py)
+    control: Path  # the round the rank is in, for sdk.elastic; the SDK's state is beside it
 
     @classmethod
     def for_rank(cls, config: AgentConfig, spec: RoundSpec, local_rank: int) -> RankFiles:
@@ -65,6 +67,7 @@ class RankFiles:
             error_file=directory / "error.json",
             telemetry=directory / "telemetry.jsonl",
             end_file=directory / "ended.json",
+            control=directory / "control.json",
         )
 
     def prepare(self) -> None:
@@ -167,6 +170,7 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_JOB_ID: str(spec["job_id"]),
             protocol.ENV_ROUND: str(spec["round"]),
             protocol.ENV_NODE: config.name,
+            protocol.ENV_CONTROL: str(files.control),
             protocol.ENV_CHECKPOINT_DIR: str(config.checkpoint_dir(spec["run_id"])),
             protocol.ENV_TELEMETRY: str(files.telemetry),
             protocol.ENV_HYPERPARAMETERS: json.dumps(spec["hyperparameters"]),
@@ -178,6 +182,38 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
     if "ps" in spec:
         env.update(ps_env(config, spec, local_rank))
     return env
+
+
+def write_rank_control(path: Path, spec: RoundSpec, local_rank: int) -> None:
+    """Tells the rank (sdk.elastic) which round it is in; a survivor of an in-place round gets
+    the new round this way, at its next step boundary."""
+    write_control(
+        path,
+        Control(
+            job_id=str(spec["job_id"]),
+            round=spec["round"],
+            rank=global_rank(spec, local_rank),
+            local_rank=local_rank,
+            world_size=spec["world_size"],
+            master_addr=spec["master_addr"],
+            master_port=spec["master_port"],
+            joiners=joiners(spec),
+        ),
+    )
+
+
+def joiners(spec: RoundSpec) -> int:
+    """How many ranks of an in-place round start afresh (its survivors wait for them)."""
+    carried = carried_ranks(spec)
+    return 0 if carried is None else spec["world_size"] - len(carried)
+
+
+def carried_ranks(spec: RoundSpec) -> dict[int, int] | None:
+    """An in-place round's survivors, old global rank -> new global rank (None: not in place)."""
+    carry = spec.get("carry_over")
+    if carry is None:
+        return None
+    return {int(old): int(new) for old, new in carry["ranks"].items()}
 
 
 @dataclass(frozen=True)

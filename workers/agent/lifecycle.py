@@ -107,6 +107,7 @@ class Rank:
     handler: RankHandler
     state: RankState = RankState.RUNNING
     killed_in_teardown: bool = False
+    origin_round: int = -1  # the round it was started for (its files live there)
 
     @property
     def pid(self) -> int:
@@ -153,8 +154,11 @@ class JobSlot:
     last_ended: LocalRound | None = None
 
     def held_rounds(self) -> list[int]:
-        """The rounds this host still holds for the job: active, last ended, pending."""
+        """The rounds this host still holds for the job: active, last ended, pending, and those
+        whose directories hold the files of ranks carried into the active round (in place)."""
         held = [local.number for local in (self.active, self.last_ended) if local is not None]
+        if self.active is not None:
+            held += sorted({r.origin_round for r in self.active.ranks if r.origin_round >= 0} - set(held))
         if self.pending is not None:
             held.append(self.pending["round"])
         return held

@@ -157,6 +157,22 @@ class TelemetryShipper(threading.Thread):
             )
         return resumed
 
+    def carry(self, old: RankKey, new: RankKey) -> None:
+        """A rank survives into an in-place round: its files are tailed on from where they are,
+        their new lines shipped under the new round and rank."""
+        with self._lock:
+            source = self._sources.pop(old, None)
+            if source is None:
+                return
+            source.key = new
+            self._sources[new] = source
+            self._progress.setdefault((new[0], new[1]), RoundProgress())
+        if source.marker is not None:
+            try:
+                source.marker.write_text(json.dumps({"job_id": new[0], "round": new[1], "rank": new[2]}))
+            except OSError as exc:
+                logger.warning("telemetry: cannot write %s (%s)", source.marker, exc)
+
     def finish(self, job_id: int, round_: int, rank: int) -> None:
         """The rank has exited: read its files to the end once more, then stop tailing them."""
         with self._lock:

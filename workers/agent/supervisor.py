@@ -38,7 +38,7 @@ from workers.agent.decide import (
     decide_tick,
 )
 from workers.agent.lifecycle import JobSlot, LocalRound
-from workers.agent.monitor import observe
+from workers.agent.monitor import inplace_state, observe
 from workers.agent.reaper import ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
@@ -123,19 +123,22 @@ class Supervisor(threading.Thread):
             statuses = []
             for local in rounds:
                 progress = self._shipper.progress(local.job_id, local.number)
-                statuses.append(
-                    RoundStatus(
-                        job_id=local.job_id,
-                        round=local.number,
-                        state=local.state.reported,
-                        ranks=[
-                            RankStatus(local_rank=r.local_rank, rank=r.rank, pid=r.pid, state=r.state)
-                            for r in local.ranks
-                        ],
-                        last_step=progress.last_step,
-                        first_step_at=progress.first_step_at,
-                    )
+                status = RoundStatus(
+                    job_id=local.job_id,
+                    round=local.number,
+                    state=local.state.reported,
+                    ranks=[
+                        RankStatus(local_rank=r.local_rank, rank=r.rank, pid=r.pid, state=r.state)
+                        for r in local.ranks
+                    ],
+                    last_step=progress.last_step,
+                    first_step_at=progress.first_step_at,
                 )
+                if "carry_over" in local.spec:
+                    status["inplace"], status["inplace_reason"], formed_at = inplace_state(local)
+                    if formed_at:
+                        status["inplace_formed_at"] = formed_at
+                statuses.append(status)
             return statuses
 
     def shutdown(self, timeout: float) -> None:
@@ -212,6 +215,11 @@ class Supervisor(threading.Thread):
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
+        if slot.active is not None and slot.pending is None and "carry_over" in spec:
+            carried = self._actor.carry_over(slot.active, spec)  # in place: survivors keep running
+            if carried is not None:
+                slot.active = carried
+                return
         if slot.active is not None:
             logger.info(
                 "job %s: stopping round %s before round %s", spec["job_id"], slot.active.number, number

@@ -41,6 +41,10 @@ the global and per-layer gradient norms, the parameter norm, the update/paramete
 ``optimizer=``), and emits a ``gradient_anomaly`` event naming the layer and step when a
 gradient is NaN/Inf. With fp16 call ``scaler.unscale_(optimizer)`` before ``after_backward``.
 
+In-place elasticity: ``with sdk.elastic(model, optimizer) as run: for batch in
+run.batches(dataset, batch_size): ...`` keeps the process across membership changes (see
+``workers/sdk/elastic.py``).
+
 Checkpoints go to ``TRAINYARD_CHECKPOINT_DIR`` (or ``directory=``), atomically (temp file,
 fsync, rename), keeping the last ``keep`` (default 3, env ``TRAINYARD_CHECKPOINT_KEEP``), each
 recorded in the console with its size and how long it blocked. In DDP only rank 0 writes and
@@ -71,6 +75,7 @@ from workers.sdk.checkpoint import (
     save_sharded,
     wait,
 )
+from workers.sdk.elastic import ElasticError, ElasticRun, elastic
 from workers.sdk.monitor import StepTimer, Watcher, peak_memory_bytes
 from workers.sdk.stop import install_stop_handler, request_stop, should_stop, stop_requested
 from workers.sdk.telemetry import telemetry as _sink
@@ -78,8 +83,11 @@ from workers.sdk.telemetry import telemetry as _sink
 __all__ = [
     "AsyncCheckpointer",
     "CheckpointError",
+    "ElasticError",
+    "ElasticRun",
     "StepTimer",
     "Watcher",
+    "elastic",
     "event",
     "flush",
     "install_stop_handler",

@@ -68,6 +68,8 @@ class WorkloadInfo:
     name: str
     description: str
     hyperparameters: dict[str, Hyperparameter] = field(default_factory=dict)
+    # Trains through sdk.elastic: the console resizes it in place (survivors keep their processes).
+    inplace: bool = False
 
     def defaults(self) -> dict[str, Any]:
         return {name: spec.default for name, spec in self.hyperparameters.items()}
@@ -81,6 +83,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             **_common(batch_size=64, lr=3e-3, steps=300),
             "hidden": Hyperparameter(128, int, "width of the two hidden layers", 1),
         },
+        inplace=True,
     ),
     "recsys-embedding": WorkloadInfo(
         "recsys-embedding",
@@ -111,6 +114,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
                 1,
             ),
         },
+        inplace=True,
     ),
     "tiny-lm": WorkloadInfo(
         "tiny-lm",
@@ -124,6 +128,7 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "width": Hyperparameter(128, int, "model width (divisible by heads)", 1),
             "dropout": Hyperparameter(0.0, float, "dropout probability", 0),
         },
+        inplace=True,
     ),
 }
 

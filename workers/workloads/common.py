@@ -81,9 +81,18 @@ def start_runtime(precision: str | None, grad_accum_steps: int | None) -> Runtim
     else:
         device = torch.device("cpu")
     distributed = world_size > 1
-    if distributed and not dist.is_initialized():
+    if distributed and not dist.is_initialized() and not elastic_mode():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return Runtime(rank, local_rank, world_size, device, distributed, precision, accum)
+
+
+def elastic_mode() -> bool:
+    """Launched by an agent with a control file: the group is formed (and re-formed in place on
+    membership changes) by sdk.elastic rather than once from torchrun's environment."""
+    return (
+        bool(os.environ.get(protocol.ENV_CONTROL))
+        and os.environ.get(protocol.ENV_STRATEGY) != "parameter_server"
+    )
 
 
 class Task(ABC):
@@ -131,15 +140,33 @@ class Outcome:
 
 
 def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
+    """Trains ``task``; under an agent through sdk.elastic, so a resize keeps this process."""
     model = task.model.to(runtime.device)
+    optimizers = task.optimizers()
+    if not elastic_mode():
+        return _train(task, hp, runtime, model, optimizers, None)
+    device = runtime.device if runtime.device.type == "cuda" else None
+    with sdk.elastic(model, optimizers, device=device) as run:
+        return _train(task, hp, runtime, model, optimizers, run)
+
+
+def _train(
+    task: Task,
+    hp: dict[str, Any],
+    runtime: Runtime,
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    run: sdk.ElasticRun | None,
+) -> Outcome:
     wrapped: nn.Module = model
     ddp: DistributedDataParallel | None = None
-    if runtime.distributed:
+    if run is not None:
+        _follow(runtime, run)
+    elif runtime.distributed:
         ddp = DistributedDataParallel(
             model, device_ids=[runtime.local_rank] if runtime.device.type == "cuda" else None
         )
         wrapped = ddp
-    optimizers = task.optimizers()
     scaler = torch.amp.GradScaler("cuda") if runtime.precision == "fp16" else None
     watcher = sdk.watch(model, every=hp["watch_every"], optimizer=optimizers[-1])
     timer = sdk.StepTimer(every=hp["log_every"])
@@ -147,7 +174,16 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     sdk.progress(hp["steps"])
 
     start = 0
-    resumed = sdk.load_latest(map_location=runtime.device, collective=True)
+    # A process that joined a running job in place got the state from a survivor already.
+    resumed = (
+        None
+        if run is not None and run.joined
+        else sdk.load_latest(map_location=runtime.device, collective=True)
+    )
+    if run is not None and run.joined:
+        start = run.step
+        if runtime.is_main:
+            print(f"joined in place at step {start} (world size {runtime.world_size})", flush=True)
     if resumed is not None:
         state, start = resumed
         if state.get("workload", task.name) != task.name:
@@ -184,7 +220,15 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
     window_steps = 0
     step = start
     stopped = False
-    for step in range(start + 1, hp["steps"] + 1):
+    if run is not None:
+        run.step = start
+    steps = run.steps(hp["steps"]) if run is not None else range(start + 1, hp["steps"] + 1)
+    for step in steps:
+        if run is not None:
+            _follow(runtime, run)
+            wrapped = run.model
+            ddp = wrapped if isinstance(wrapped, DistributedDataParallel) else None
+            watcher.active = runtime.is_main
         model.train()
         samples = tokens = 0
         with timer(step):
@@ -217,7 +261,10 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
             timer.count(samples * runtime.world_size, tokens * runtime.world_size)
         window_steps += 1
 
-        if step % hp["log_every"] == 0 or step == start + 1 or step == hp["steps"]:
+        # Every rank of the group must take the same logging steps (an all-reduce): a process
+        # that joined in place does not log its own first step.
+        first = step == start + 1 and (run is None or not run.joined)
+        if step % hp["log_every"] == 0 or first or step == hp["steps"]:
             mean_loss = window_loss / window_steps
             if runtime.distributed:
                 dist.all_reduce(mean_loss)
@@ -229,12 +276,20 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
             window_loss.zero_()
             window_steps = 0
 
-        if sdk.should_stop(step):
+        # In place, the step boundary agrees on stopping (sdk.elastic: SIGTERM on every rank).
+        if run is None and sdk.should_stop(step):
             stopped = True
             break
         if hp["checkpoint_every"] and step % hp["checkpoint_every"] == 0 and step != hp["steps"]:
             sdk.save_async(checkpoint_state(step), step)
 
+    if run is not None:
+        stopped = run.stopped
+        if run.left:  # this node left the job in place: the others carry on without it
+            sdk.wait()
+            sdk.flush()
+            print(f"left the job at step {run.step}", flush=True)
+            return Outcome(start + 1, run.step, True)
     # The final (or on-SIGTERM) checkpoint is written synchronously: the process is about to exit.
     sdk.wait()
     if step > start:
@@ -244,6 +299,12 @@ def train(task: Task, hp: dict[str, Any], runtime: Runtime) -> Outcome:
         verb = "stopped" if stopped else "finished"
         print(f"{verb} at step {step}", flush=True)
     return Outcome(start + 1, step, stopped)
+
+
+def _follow(runtime: Runtime, run: sdk.ElasticRun) -> None:
+    """The runtime's place in the group, as of the current round (it changes in place)."""
+    runtime.rank, runtime.world_size = run.rank, run.world_size
+    runtime.distributed = run.world_size > 1
 
 
 @contextlib.contextmanager

@@ -1,0 +1,143 @@
+"""In-place rounds in the controller (in-process, real PostgreSQL): an SDK job's resize keeps the
+survivors running (the start carries them over, nothing stops), heartbeats form the round, and a
+round that fails to form, loses a rank first, or is not formed in time falls back to a restart."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from console.cluster.models import Node
+from console.core.states import JobState, RoundReason
+from console.jobs import actions, reports, scheduler
+from console.jobs.models import Job, Round
+from tests.support.decisions import Decide, failing_exit, make_job, make_node, start, stop
+from workers import protocol
+
+
+def inplace_job(nnodes: str = "1:3") -> Job:
+    job = make_job("sdk", nnodes=nnodes)
+    Job.objects.filter(pk=job.pk).update(inplace=True)
+    job.refresh_from_db()
+    return job
+
+
+def status(job: Job, number: int, inplace: str, reason: str = "") -> protocol.RoundStatus:
+    out: protocol.RoundStatus = {
+        "job_id": job.pk,
+        "round": number,
+        "state": protocol.RoundState.RUNNING,
+        "ranks": [],
+        "last_step": None,
+        "first_step_at": None,
+        "inplace": inplace,
+    }
+    if reason:
+        out["inplace_reason"] = reason
+    return out
+
+
+def beat(decide: Decide, job: Job, number: int, node: str, inplace: str, reason: str = "") -> Any:
+    return decide(
+        reports.apply_round_statuses, Node.objects.get(name=node), [status(job, number, inplace, reason)]
+    )
+
+
+def resized_in_place(decide: Decide) -> Job:
+    """A 1:3 SDK job running on a and b, resized to 3 (round 2, in place)."""
+    for name in "abc":
+        make_node(name)
+    job = inplace_job()
+    Job.objects.filter(pk=job.pk).update(desired_nodes=2, max_nodes=3)
+    decide(scheduler.tick)
+    return job
+
+
+def test_a_resize_of_an_sdk_job_carries_the_survivors_over_and_stops_nothing(decide: Decide) -> None:
+    job = resized_in_place(decide)
+    grown = decide(actions.resize_job, job.pk, 3, None)
+    carry = {"carry_over": {"from_round": 1, "ranks": {"0": 0, "1": 1}}}
+    assert grown.sent() == [
+        start(job, 2, "a", 0, 3, **carry),
+        start(job, 2, "b", 1, 3, **carry),
+        start(job, 2, "c", 2, 3, **carry),
+    ]
+    assert grown.kinds() == ["job.resize_requested", "round.resize"]
+    assert "in place" in grown.events[1].message and grown.events[1].data["inplace"] is True
+
+    # When every host reports its ranks formed, the round is formed and says how long it took
+    assert "round.formed" not in beat(decide, job, 2, "a", "formed").kinds()
+    beat(decide, job, 2, "b", "formed")
+    formed = beat(decide, job, 2, "c", "formed")
+    assert formed.kinds() == ["round.formed"] and formed.events[0].data["seconds"] >= 0
+    assert Round.objects.get(job=job, number=2).formed_at is not None
+
+    # And shrinking again stops only c, gracefully, while a and b carry over
+    shrunk = decide(actions.resize_job, job.pk, 2, None)
+    assert shrunk.sent() == [
+        stop(job, 2, "c", 12.0),
+        start(job, 3, "a", 0, 2, carry_over={"from_round": 2, "ranks": {"0": 0, "1": 1}}),
+        start(job, 3, "b", 1, 2, carry_over={"from_round": 2, "ranks": {"0": 0, "1": 1}}),
+    ]
+
+
+def test_a_host_that_cannot_re_form_makes_the_round_restart_afresh(decide: Decide) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    failed = beat(decide, job, 2, "c", "failed", "forming round 2 failed: DistStoreError: timeout")
+    assert failed.kinds() == ["round.inplace_failed", "round.fallback"]
+    assert "c: forming round 2 failed" in failed.events[0].message
+    # every rank of round 2 stops at once and round 3 starts them all afresh, uncharged
+    assert failed.to_agents() == [
+        stop(job, 2, "a", 0.0),
+        stop(job, 2, "b", 0.0),
+        stop(job, 2, "c", 0.0),
+        start(job, 3, "a", 0, 3),
+        start(job, 3, "b", 1, 3),
+        start(job, 3, "c", 2, 3),
+    ]
+    job.refresh_from_db()
+    assert (job.restarts, job.state) == (0, JobState.RESTARTING)
+    assert Round.objects.get(job=job, number=3).reason == RoundReason.FALLBACK
+
+
+def test_a_rank_failure_before_forming_is_a_fallback_not_a_charged_restart(decide: Decide) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    failed = decide(reports.rank_exited, "b", job.pk, 2, failing_exit(rank=1, code=3))
+    assert failed.kinds() == ["round.inplace_failed", "round.fallback"]
+    assert "rank 1 on b ended with exit code 3" in failed.events[0].message
+    job.refresh_from_db()
+    assert job.restarts == 0 and job.round_number == 3
+
+
+def test_a_round_not_formed_within_the_bound_falls_back(decide: Decide, settings: Any) -> None:
+    settings.INPLACE_FORM_TIMEOUT = 20.0
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    beat(decide, job, 2, "a", "formed")
+    assert "round.inplace_failed" not in decide(scheduler.tick).kinds()
+    Round.objects.filter(job=job, number=2).update(created_at=timezone.now() - timedelta(seconds=21))
+    late = decide(scheduler.tick)
+    assert late.kinds()[:2] == ["round.inplace_failed", "round.fallback"]
+    assert "not formed within 20 s" in late.events[0].message
+
+
+def test_the_job_page_and_api_mark_in_place_rounds_and_how_long_each_change_took(
+    decide: Decide, client: Any, viewer: Any
+) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    rnd = Round.objects.get(job=job, number=2)
+    Round.objects.filter(pk=rnd.pk).update(formed_at=rnd.created_at + timedelta(seconds=0.75))
+    client.force_login(viewer)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'title="Survivors kept their processes">in place</span>' in page
+    assert "0.75 s" in page
+    rounds = client.get(f"/api/v1/jobs/{job.pk}/").json()["rounds"]
+    assert [(r["number"], r["inplace"], r["change_seconds"]) for r in rounds] == [
+        (2, True, 0.75),
+        (1, False, None),
+    ]

@@ -1,0 +1,570 @@
+"""In-place elasticity: the process survives membership changes; only the process group is re-formed.
+
+::
+
+    from workers import sdk
+
+    with sdk.elastic(model, optimizer) as run:
+        for batch in run.batches(dataset, batch_size=32):
+            loss = loss_fn(run.model(batch["x"]), batch["y"])   # run.model: DDP over the current group
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    if run.left:                     # this rank's node left the job (scale-down): stop quietly
+        return
+    if run.stopped:                  # every rank got SIGTERM (the job is stopping): save, exit
+        ...
+
+The agent writes a small JSON control file per rank (path in ``TRAINYARD_CONTROL``) holding the
+current round: ``job_id, round, rank, local_rank, world_size, master_addr, master_port`` (``rank``
+-1 = leave). At every step boundary the SDK checks it (a ``stat``; the file is re-read only when
+its mtime changed) and the ranks agree on the newest round with a one-element all-reduce, so all
+of them re-form at the same boundary. Re-forming: destroy the process group, form the new one at
+the round's address, then broadcast model, optimizer and data position from the lowest rank that
+already had state (a survivor) to every rank; newcomers thus receive state from a live peer, not
+from disk. The epoch's examples are a fixed permutation; the SDK keeps the global position in it
+and every step splits the next ``world_size * batch_size`` examples by rank, so after a re-form
+the remainder is re-split over the new world and no example is skipped or repeated.
+
+The SDK writes its state next to the control file (``<control>.state``, JSON:
+``state`` = forming|formed|failed|left, ``round``, ``step``, ``pid``, ``reason``) so the agent can
+report it. When forming does not finish within ``form_timeout`` seconds the state is ``failed``
+and :class:`ElasticError` is raised: the process exits and the controller falls back to a restart.
+
+A collective that fails inside a step (a peer was SIGKILLed mid-step) raises out of the user's
+code; ``__exit__`` records ``failed`` with the error, and the restart path takes over.
+
+Without ``TRAINYARD_CONTROL`` (plain ``torchrun`` or ``python``) the round comes from the usual
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables and never changes.
+
+Backends: gloo on CPU; with ``device`` a CUDA device (one GPU per process) NCCL, with the state
+moved to that device for the broadcast. Both go through the same :meth:`ElasticRun._form`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence, Sized
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import default_collate
+
+from workers import protocol
+from workers.sdk.stop import install_stop_handler, stop_requested
+
+ENV_CONTROL = protocol.ENV_CONTROL
+DEFAULT_FORM_TIMEOUT = 20.0
+STATE_SUFFIX = ".state"
+
+FORMING = "forming"
+FORMED = "formed"
+FAILED = "failed"
+LEFT = "left"
+STATES = (FORMING, FORMED, FAILED, LEFT)
+
+
+class ElasticError(RuntimeError):
+    """Re-forming the process group failed (timeout, bad control file, unreachable peers)."""
+
+
+class IndexedDataset(Sized, Protocol):
+    def __getitem__(self, index: int) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """One round as the agent described it to this rank."""
+
+    job_id: str
+    round: int
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    joiners: int = 0  # ranks of this round that start afresh (the survivors wait for them)
+
+    @property
+    def leaves(self) -> bool:
+        return self.rank < 0
+
+    @classmethod
+    def parse(cls, data: Any) -> Control:
+        if not isinstance(data, dict):
+            raise ElasticError(f"control file must hold a JSON object, not {type(data).__name__}")
+        try:
+            control = cls(
+                job_id=str(data.get("job_id", "")),
+                round=int(data["round"]),
+                rank=int(data["rank"]),
+                local_rank=int(data.get("local_rank", 0)),
+                world_size=int(data["world_size"]),
+                master_addr=str(data["master_addr"]),
+                master_port=int(data["master_port"]),
+                joiners=int(data.get("joiners", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ElasticError(f"control file is missing or has a bad field: {error!r}") from None
+        if control.world_size < 1 or control.rank >= control.world_size:
+            raise ElasticError(f"control file has rank {control.rank} outside world {control.world_size}")
+        return control
+
+    @classmethod
+    def from_env(cls) -> Control:
+        """The fixed round of a plain torchrun/python launch."""
+        return cls(
+            job_id=os.environ.get("TRAINYARD_JOB_ID", ""),
+            round=0,
+            rank=int(os.environ.get("RANK", "0")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(os.environ.get("MASTER_PORT", "29500")),
+        )
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Readers never see half a file: write a sibling, then rename over."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def write_control(path: Path, control: Control) -> None:
+    """What the agent (and tests) call to tell a rank about a new round."""
+    write_json_atomic(path, dataclasses.asdict(control))
+
+
+def state_path(control_path: Path) -> Path:
+    return control_path.with_name(control_path.name + STATE_SUFFIX)
+
+
+def read_state(control_path: Path) -> dict[str, Any] | None:
+    """The SDK's last reported state for this rank, or None when there is none (yet)."""
+    try:
+        data = json.loads(state_path(control_path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("state") in STATES else None
+
+
+def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
+    """The process's device in a round: a CUDA request without an index takes the GPU of its
+    local rank (which can change in place); anything else runs on the CPU."""
+    if requested is not None and requested.type == "cuda":
+        return torch.device("cuda", local_rank if requested.index is None else requested.index)
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def epoch_order(size: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of an epoch's examples; the same on every rank and every round."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(size, generator=generator)
+
+
+def rank_slice(position: int, remaining: int, world_size: int, rank: int, batch_size: int) -> tuple[int, int]:
+    """This rank's [start, end) in the epoch order for the step that begins at ``position``.
+
+    A full step takes ``world_size * batch_size`` examples, rank r the r-th batch of them; the last
+    step of an epoch splits what is left as evenly as possible (a rank may get nothing when fewer
+    examples than ranks remain)."""
+    if remaining >= world_size * batch_size:
+        start = position + rank * batch_size
+        return start, start + batch_size
+    base, extra = divmod(remaining, world_size)
+    start = position + rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+class ElasticRun:
+    """The state the SDK carries across rounds; made by :func:`elastic`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        *,
+        control_path: str | os.PathLike[str] | None = None,
+        device: torch.device | str | None = None,
+        form_timeout: float = DEFAULT_FORM_TIMEOUT,
+        seed: int = 0,
+        wrap_ddp: bool = True,
+    ) -> None:
+        self.module = model
+        if optimizer is None:
+            self.optimizers: list[torch.optim.Optimizer] = []
+        elif isinstance(optimizer, torch.optim.Optimizer):
+            self.optimizers = [optimizer]
+        else:
+            self.optimizers = list(optimizer)
+        path = control_path if control_path is not None else os.environ.get(ENV_CONTROL)
+        self.control_path = Path(path) if path else None
+        self.form_timeout = form_timeout
+        self.seed = seed
+        self.wrap_ddp = wrap_ddp
+        self._device_arg = torch.device(device) if device is not None else None
+        self.device = torch.device("cpu")
+        self.control: Control | None = None
+        self._control_mtime: int | None = None
+        self._pending_round = 0
+        self._next: Control | None = None  # the next round, read but not formed yet
+        self._next_store: dist.TCPStore | None = None
+        self._wait_target = 0
+        self._wait_started = 0.0
+        self._ddp: nn.Module | None = None
+        self.step = 0
+        self.epoch = 0
+        self.position = 0
+        self.left = False
+        self.stopped = False  # every rank was sent SIGTERM: the loop ended early
+        self.reforms = 0
+        # True when this process got its state from a survivor (it joined a running job); False
+        # when the whole group started afresh (load a checkpoint then, on every rank).
+        self.joined = False
+        self.last_form_seconds = 0.0
+        # Whether this process holds training state worth keeping (a survivor) or needs it (a
+        # newcomer). False until the first formed round; a fresh start takes rank 0's init.
+        self._has_state = False
+
+    # ---- the public surface -------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.control.rank if self.control else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.control.world_size if self.control else 1
+
+    @property
+    def round(self) -> int:
+        return self.control.round if self.control else 0
+
+    @property
+    def model(self) -> nn.Module:
+        """The model to call in a step: DDP over the current group (re-made at every re-form)."""
+        return self._ddp if self._ddp is not None else self.module
+
+    def __enter__(self) -> ElasticRun:
+        install_stop_handler()
+        control = self._read_control(wait_for_round=None)
+        self._form(control)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and not isinstance(exc, ElasticError) and not self.left:
+            self._report(FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
+        self._ddp = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def batches(
+        self, dataset: IndexedDataset, batch_size: int, epochs: int | None = 1, collate: Any = default_collate
+    ) -> Iterator[Any]:
+        """Yields this rank's batches; between two batches (a step boundary) follows round changes.
+
+        Every yielded batch is one step; ``self.step`` counts the steps finished. With ``epochs``
+        None it runs until the caller stops. In the last step of an epoch a rank gets None when
+        fewer examples than ranks remain; it must still take part in the step's collectives."""
+        size = len(dataset)
+        if size < 1 or batch_size < 1:
+            raise ValueError("batches() needs a non-empty dataset and a positive batch_size")
+        while epochs is None or self.epoch < epochs:
+            order = epoch_order(size, self.seed, self.epoch)
+            while self.position < size:
+                start, end = rank_slice(
+                    self.position, size - self.position, self.world_size, self.rank, batch_size
+                )
+                taken = min(size - self.position, self.world_size * batch_size)
+                yield collate([dataset[int(i)] for i in order[start:end]]) if end > start else None
+                self.position += taken
+                self.step += 1
+                if not self.boundary():
+                    return
+            self.epoch += 1
+            self.position = 0
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yields step numbers from ``self.step + 1`` to ``total``; between two steps (a step
+        boundary) follows round changes. For loops whose data is a function of (step, rank)."""
+        while self.step < total:
+            yield self.step + 1
+            self.step += 1
+            if self.step < total and not self.boundary():
+                return
+
+    def boundary(self) -> bool:
+        """Follows a round change if there is one; False when this rank leaves or the job stops.
+
+        One all-reduce (MAX) of [newest round seen, -stop flag, -ready flag] tells every rank the
+        newest round any of them was told about, whether *every* rank got SIGTERM, and whether
+        every rank is ready to move to the new round. A rank is ready once it has read its new
+        control file; the new round's rank 0 (a survivor: it hosts the new round's store from the
+        moment it reads its control) only once every joiner has checked in there. Until then the
+        group trains on in the old round, so survivors do not wait while newcomers import torch.
+
+        Then, at the same boundary on every rank: a rank with a new control re-forms; a rank
+        without one that was sent SIGTERM leaves (its node is leaving the job: the agent stops it
+        while the others are told the new round). Only when every rank was sent SIGTERM and no
+        round changed does the whole group stop."""
+        local = self._peek_round()
+        stopping = stop_requested()
+        if local > self.round and (self._next is None or self._next.round < local):
+            self._prepare(local)
+        ready = self._ready(stopping, local)
+        target, all_stopping, all_ready = local, stopping, ready
+        if self.world_size > 1:
+            flags = torch.tensor([local, -int(stopping), -int(ready)], dtype=torch.int64, device=self.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            target = int(flags[0].item())
+            all_stopping, all_ready = int(flags[1].item()) < 0, int(flags[2].item()) < 0
+        if target <= self.round:
+            if all_stopping:
+                self.stopped = True
+                return False
+            return True
+        if not all_ready:
+            if time.monotonic() - self._waiting_since(target) > self.form_timeout:
+                reason = f"round {target}: not every rank was ready within {self.form_timeout:.0f} s"
+                self._report(FAILED, reason=reason, round_no=target)
+                raise ElasticError(reason)
+            return True  # train on in the old round; the newcomers are still starting
+        if stopping and local <= self.round:
+            self._leave()
+            return False
+        if self._next is None or self._next.round < target:
+            self._prepare(target)
+        assert self._next is not None
+        control, store, self._next, self._next_store = self._next, self._next_store, None, None
+        self._form(control, store)
+        return not self.left
+
+    def _waiting_since(self, target: int) -> float:
+        if self._wait_target != target:
+            self._wait_target, self._wait_started = target, time.monotonic()
+        return self._wait_started
+
+    def _prepare(self, target: int) -> None:
+        """Reads the new round's control; its rank 0 opens the round's store for the joiners."""
+        self._next = self._read_control(wait_for_round=target)
+        self._next_store = None
+        control = self._next
+        if control.joiners > 0 and control.rank == 0 and control.world_size > 1:
+            try:
+                self._next_store = self._open_store(control)
+            except Exception as error:  # the port is taken, the address is not ours
+                reason = f"round {control.round}: cannot open the store: {type(error).__name__}: {error}"
+                self._report(FAILED, reason=reason[:500], round_no=control.round)
+                raise ElasticError(reason) from error
+
+    def _ready(self, stopping: bool, local: int) -> bool:
+        """This rank's part of the agreement to move to the new round (see boundary)."""
+        if stopping and local <= self.round:
+            return True  # leaving: it does not hold the others back
+        control = self._next
+        if control is None:
+            return False
+        if control.joiners == 0 or self._next_store is None:
+            return True
+        arrived = self._next_store.add(self._round_key(control, "joined"), 0)
+        return arrived >= control.joiners
+
+    @staticmethod
+    def _round_key(control: Control, name: str) -> str:
+        return f"trainyard/{control.job_id}/{control.round}/{name}"
+
+    def _open_store(self, control: Control) -> dist.TCPStore:
+        return dist.TCPStore(
+            control.master_addr,
+            control.master_port,
+            control.world_size,
+            is_master=control.rank == 0,
+            timeout=datetime.timedelta(seconds=self.form_timeout),
+            wait_for_workers=False,
+        )
+
+    # ---- control file --------------------------------------------------------------------
+    def _peek_round(self) -> int:
+        """The newest round this rank has been told about: a stat, and a read only on change."""
+        if self.control_path is None:
+            return self.round
+        try:
+            mtime = self.control_path.stat().st_mtime_ns
+        except OSError:
+            return self.round
+        if mtime == self._control_mtime:
+            return self._pending_round
+        self._control_mtime = mtime
+        try:
+            self._pending_round = Control.parse(json.loads(self.control_path.read_text())).round
+        except (OSError, ValueError, ElasticError):
+            self._pending_round = self.round
+        return self._pending_round
+
+    def _read_control(self, wait_for_round: int | None) -> Control:
+        if self.control_path is None:
+            return Control.from_env()
+        deadline = time.monotonic() + self.form_timeout
+        last_error = "no control file"
+        while True:
+            try:
+                control = Control.parse(json.loads(self.control_path.read_text()))
+                if wait_for_round is None or control.round >= wait_for_round:
+                    return control
+                last_error = f"control file is at round {control.round}, the group at {wait_for_round}"
+            except (OSError, ValueError, ElasticError) as error:
+                last_error = str(error)
+            if time.monotonic() > deadline:
+                self._report(FAILED, reason=last_error)
+                raise ElasticError(last_error)
+            time.sleep(0.01)
+
+    def _report(self, state: str, reason: str = "", round_no: int | None = None) -> None:
+        if self.control_path is None:
+            return
+        data = {
+            "state": state,
+            "round": self.round if round_no is None else round_no,
+            "step": self.step,
+            "pid": os.getpid(),
+            "reason": reason,
+            "form_seconds": round_seconds(self.last_form_seconds),
+            "time": time.time(),
+        }
+        with contextlib.suppress(OSError):
+            write_json_atomic(state_path(self.control_path), data)
+
+    # ---- re-forming --------------------------------------------------------------------
+    def _form(self, control: Control, store: dist.TCPStore | None = None) -> None:
+        started = time.monotonic()
+        self._report(FORMING, round_no=control.round)
+        self._ddp = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.control = control
+        if control.leaves:
+            self._leave()
+            return
+        self.device = self._pick_device(control)
+        try:
+            if control.world_size > 1:
+                if store is None:
+                    store = self._open_store(control)
+                if not self._has_state and control.joiners > 0:
+                    store.add(self._round_key(control, "joined"), 1)  # a joiner checks in
+                # Keys are per round so a store left over from the last round cannot mix in.
+                prefixed = dist.PrefixStore(f"trainyard/{control.job_id}/{control.round}", store)
+                dist.init_process_group(
+                    backend_for(self.device),
+                    store=prefixed,
+                    rank=control.rank,
+                    world_size=control.world_size,
+                    timeout=datetime.timedelta(seconds=self.form_timeout),
+                )
+                self._sync_state()
+        except ElasticError:
+            raise
+        except Exception as error:  # gloo/nccl/store errors have no common type
+            reason = f"forming round {control.round} failed: {type(error).__name__}: {error}"[:500]
+            self._report(FAILED, reason=reason)
+            raise ElasticError(reason) from error
+        if self.wrap_ddp and control.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        self._has_state = True
+        self.reforms += 1
+        self.last_form_seconds = time.monotonic() - started
+        self._report(FORMED)
+
+    def _leave(self) -> None:
+        self._ddp = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.left = True
+        self._report(LEFT)
+
+    def _pick_device(self, control: Control) -> torch.device:
+        device = device_for(self._device_arg, control.local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return device
+
+    def _sync_state(self) -> None:
+        """Every rank ends with the state of the lowest rank that had some (a survivor)."""
+        mine = [self._has_state, self.step]
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        holders = [rank for rank, (has, _) in enumerate(everyone) if has]
+        steps = {step for has, step in everyone if has}
+        if holders and len(holders) == self.world_size and len(steps) == 1:
+            return  # everyone was already in step together (a pure scale-down)
+        source = holders[0] if holders else 0
+        payload: list[Any] = [None]
+        if self.rank == source:
+            payload[0] = self.snapshot()
+        dist.broadcast_object_list(
+            payload, src=source, device=self.device if self.device.type == "cuda" else None
+        )
+        if self.rank != source:
+            self.restore(payload[0])
+            self.joined = self.joined or bool(holders)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+def round_seconds(value: float) -> float:
+    return float(f"{value:.4f}")
+
+
+def elastic(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    *,
+    control_path: str | os.PathLike[str] | None = None,
+    device: torch.device | str | None = None,
+    form_timeout: float = DEFAULT_FORM_TIMEOUT,
+    seed: int = 0,
+    wrap_ddp: bool = True,
+) -> ElasticRun:
+    """``with sdk.elastic(model, optimizer) as run:`` — see the module docstring."""
+    return ElasticRun(
+        model,
+        optimizer,
+        control_path=control_path,
+        device=device,
+        form_timeout=form_timeout,
+        seed=seed,
+        wrap_ddp=wrap_ddp,
+    )
