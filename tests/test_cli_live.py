@@ -26,6 +26,7 @@ from console.jobs.bundles import bundle_path
 from console.jobs.models import Allocation, Job
 from tests.support.agents import AgentProcs
 from tests.support.controller import REPO, Controller, service_env, wait_for
+from workers.cli.live import LiveUnavailable, follow_job, socket_url
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -224,3 +225,11 @@ def test_cli_drives_a_job_on_real_agents(agents: AgentProcs, console_url: str, t
         assert "Traceback" not in result.stderr and result.stderr.strip(), result.stderr
     listed = json.loads(run_cli(home, "ls", "--json").stdout)
     assert [(j["id"], j["state"]) for j in listed] == [(job.pk, "STOPPED")]
+
+    # What makes metrics --follow fall back to polling: a refused token's close code from the
+    # real Daphne (which drops close reasons), and a console that does not answer
+    with pytest.raises(LiveUnavailable, match=r"4401: the console refused the token"):
+        next(follow_job(console_url, "ty_not-a-token", job.pk))
+    with pytest.raises(LiveUnavailable):
+        next(follow_job("http://127.0.0.1:9", "ty_x", job.pk))
+    assert socket_url("https://console.example/prefix/", 7) == "wss://console.example/prefix/ws/jobs/7/"

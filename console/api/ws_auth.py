@@ -11,7 +11,8 @@ A token needs the ``read`` scope. A refusal is decided here and carried in the s
 the client sees it (a refusal before accepting reaches clients only as an HTTP 403):
 4401 unknown, revoked or expired token, or a header that is not ``Bearer <token>``;
 4403 the token lacks the ``read`` scope; 4429 the address or account is locked out after
-repeated failures. A refused token counts as a failed attempt, as on the REST API.
+repeated failures. A refused token counts as a failed attempt, as on the REST API. (The close
+also carries a reason, but Daphne sends only the code: clients go by the code.)
 """
 
 from __future__ import annotations

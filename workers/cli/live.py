@@ -21,7 +21,7 @@ OPEN_TIMEOUT = 5.0
 IDLE = 1.0
 
 CLOSE_REASONS = {
-    4401: "the console refused the token",
+    4401: "the console refused the token: unknown, revoked or expired",
     4403: "the token lacks the 'read' scope",
     4404: "no such job",
     4429: "too many failed attempts from here",
