@@ -35,10 +35,10 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_LOCKED_OUT = 4429
 
-Scope_ = dict[str, Any]
+AsgiScope = dict[str, Any]
 
 
-def bearer_value(scope: Scope_) -> str | None:
+def bearer_value(scope: AsgiScope) -> str | None:
     """The Authorization header's value, or None when the handshake has none."""
     for name, value in scope.get("headers", []):
         if name.lower() == b"authorization":
@@ -46,7 +46,7 @@ def bearer_value(scope: Scope_) -> str | None:
     return None
 
 
-def handshake_request(scope: Scope_) -> HttpRequest:
+def handshake_request(scope: AsgiScope) -> HttpRequest:
     """A plain HttpRequest standing for the handshake, for what reads the caller's address and
     counts failures (django-axes, the audit log)."""
     request = HttpRequest()
@@ -61,7 +61,7 @@ def handshake_request(scope: Scope_) -> HttpRequest:
     return request
 
 
-def authenticate(header: str, scope: Scope_) -> tuple[Any, tuple[int, str] | None]:
+def authenticate(header: str, scope: AsgiScope) -> tuple[Any, tuple[int, str] | None]:
     """(user, refusal): the token's user, or AnonymousUser and the close code and reason."""
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() not in ("bearer", "token"):
@@ -97,7 +97,7 @@ class BearerOrSession:
         self.token_app = inner
         self.session_app = AllowedHostsOriginValidator(AuthMiddlewareStack(inner))
 
-    async def __call__(self, scope: Scope_, receive: Any, send: Any) -> Any:
+    async def __call__(self, scope: AsgiScope, receive: Any, send: Any) -> Any:
         header = bearer_value(scope)
         if header is None:
             return await self.session_app(scope, receive, send)
