@@ -6,15 +6,15 @@ from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.api.ws_auth import BearerOrSession  # noqa: E402
 from console.telemetry.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # A bearer token on the handshake (scripts, the CLI), else the session behind the Origin check.
+        "websocket": BearerOrSession(URLRouter(websocket_urlpatterns)),
     }
 )

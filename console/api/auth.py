@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -32,6 +33,52 @@ def required_scope(request: Request, view: Any) -> str | None:
     return getattr(view, "write_scope", Scope.ADMIN)
 
 
+def find_token(raw: str) -> tuple[ApiToken | None, str | None]:
+    """The token this raw value names (None when unknown) and the account to count a failure
+    against."""
+    token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw)).first()
+    return token, token.user.get_username() if token is not None else owner_by_prefix(raw)
+
+
+def owner_by_prefix(raw: str) -> str | None:
+    """A wrong token that starts like one of an account's tokens counts against that account."""
+    if len(raw) <= PREFIX_LENGTH:
+        return None
+    match = ApiToken.objects.filter(prefix=raw[:PREFIX_LENGTH]).select_related("user").first()
+    return match.user.get_username() if match is not None else None
+
+
+def token_refused(token: ApiToken | None) -> bool:
+    return token is None or not token.usable or not token.user.is_active
+
+
+def record_refusal(request: HttpRequest, token: ApiToken | None, owner: str | None, raw: str) -> str:
+    """Audit a refused token and count it as a failed attempt; returns the message for the caller."""
+    if token is None:
+        reason = "unknown"
+    elif token.revoked:
+        reason = "revoked"
+    elif token.expired:
+        reason = "expired"
+    else:
+        reason = "inactive user"
+    mark_auth(request, AuthMethod.TOKEN, token.prefix if token else raw[:PREFIX_LENGTH])
+    AuditEntry.record_raw(
+        token.user if token is not None else None,
+        "auth.token_failed",
+        target_type="apitoken",
+        target_id=str(token.pk) if token is not None else "",
+        actor_name=owner or "",
+        reason=reason,
+    )
+    lockout.token_failed(request, owner)
+    messages = {
+        "revoked": "This API token was revoked.",
+        "expired": "This API token has expired.",
+    }
+    return messages.get(reason, "Invalid API token.")
+
+
 class TokenAuthentication(authentication.BaseAuthentication):
     keywords = ("bearer", "token")
 
@@ -42,10 +89,9 @@ class TokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
         raw = header[1].decode(errors="replace")
-        token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw)).first()
-        owner = token.user.get_username() if token is not None else self._owner_by_prefix(raw)
+        token, owner = find_token(raw)
         lockout.check_token_lockout(request, owner)
-        if token is None or not token.usable or not token.user.is_active:
+        if token_refused(token):
             self._refuse(request, token, owner, raw)
         assert token is not None
         mark_auth(request._request, AuthMethod.TOKEN, token.prefix)
@@ -58,38 +104,8 @@ class TokenAuthentication(authentication.BaseAuthentication):
         return token.user, token
 
     @staticmethod
-    def _owner_by_prefix(raw: str) -> str | None:
-        """A wrong token that starts like one of an account's tokens counts against that account."""
-        if len(raw) <= PREFIX_LENGTH:
-            return None
-        match = ApiToken.objects.filter(prefix=raw[:PREFIX_LENGTH]).select_related("user").first()
-        return match.user.get_username() if match is not None else None
-
-    @staticmethod
     def _refuse(request: Request, token: ApiToken | None, owner: str | None, raw: str) -> None:
-        if token is None:
-            reason = "unknown"
-        elif token.revoked:
-            reason = "revoked"
-        elif token.expired:
-            reason = "expired"
-        else:
-            reason = "inactive user"
-        mark_auth(request._request, AuthMethod.TOKEN, token.prefix if token else raw[:PREFIX_LENGTH])
-        AuditEntry.record_raw(
-            token.user if token is not None else None,
-            "auth.token_failed",
-            target_type="apitoken",
-            target_id=str(token.pk) if token is not None else "",
-            actor_name=owner or "",
-            reason=reason,
-        )
-        lockout.token_failed(request, owner)
-        messages = {
-            "revoked": "This API token was revoked.",
-            "expired": "This API token has expired.",
-        }
-        raise exceptions.AuthenticationFailed(messages.get(reason, "Invalid API token."))
+        raise exceptions.AuthenticationFailed(record_refusal(request._request, token, owner, raw))
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

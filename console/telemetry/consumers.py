@@ -1,7 +1,8 @@
 """Websocket consumers: ``/ws/jobs/<id>/`` and ``/ws/cluster/``.
 
-Close codes: 4401 not signed in (or not allowed), 4404 no such job, 4400 malformed client
-message. A job viewer that sends ``{"type": "resume", "after": N}`` gets every event with
+Close codes: 4401 not signed in (or not allowed, or a refused bearer token), 4403 a token
+without the ``read`` scope, 4429 locked out after repeated failed tokens (console/api/ws_auth.py),
+4404 no such job, 4400 malformed client message. A job viewer that sends ``{"type": "resume", "after": N}`` gets every event with
 seq > N from the database and then live ones: the consumer joins the group before it queries,
 so nothing falls between the two, and drops live events it already sent from the backlog.
 
@@ -72,7 +73,12 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
-        # AuthMiddlewareStack has already loaded the user; can_view reads only its flags.
+        refusal = self.scope.get("ws_refusal")
+        if refusal is not None:  # a bearer token that console.api.ws_auth refused
+            code, reason = refusal
+            await self.close(code=code, reason=reason)
+            return
+        # AuthMiddlewareStack (or the bearer token) has already loaded the user; can_view reads only its flags.
         if not can_view(self.scope.get("user")):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -39,6 +40,7 @@ from workers.cli.client import (
     write_config,
 )
 from workers.cli.errors import EXIT_CODES_HELP, CliError, Exit
+from workers.cli.live import LiveUnavailable, follow_job
 from workers.cli.output import JOB_HEADER, NODE_HEADER, err, job_rows, node_rows, out, print_json, table, when
 
 FOLLOW_INTERVAL = 1.0
@@ -628,8 +630,10 @@ def metrics(
     json_flag: JsonOption = False,
     output: OutputOption = None,
 ) -> None:
-    """A job's metric series, bucketed; with --follow, live until the job ends (a table of the
-    latest values on a terminal, new buckets as lines otherwise, JSON lines with --json)."""
+    """A job's metric series, bucketed; with --follow, live until the job ends: the history's
+    buckets, then each new point as the job's websocket brings it (a table of the latest values
+    on a terminal, lines otherwise, JSON lines with --json; a live point is a bucket of one).
+    Polls the API every second instead when the websocket cannot be opened."""
     session = console()
     as_json = wants_json(json_flag, output)
 
@@ -650,33 +654,76 @@ def metrics(
             rows = [bucket_row(n, b) for n, buckets in sorted(series.items()) for b in buckets]
             out.print(table(rows, header, title=f"job {job} — {state}"))
         return
-    if as_json or not out.is_terminal:
-        shown: dict[str, int] = {}
-        while True:
-            for n, buckets in sorted(series.items()):
-                for bucket in buckets:
-                    if bucket["last_step"] <= shown.get(n, -1):
-                        continue
-                    shown[n] = bucket["last_step"]
-                    if as_json:
-                        sys.stdout.write(json.dumps({"series": n, **bucket}) + "\n")
-                    else:
-                        sys.stdout.write("  ".join(str(c) for c in bucket_row(n, bucket)) + "\n")
-            sys.stdout.flush()
-            if state in FINAL_STATES:
-                return
-            time.sleep(FOLLOW_INTERVAL)
-            series, state = fetch()
+    names = set(name.split(",")) if name else None
+    lines = as_json or not out.is_terminal
+    shown: dict[str, int] = {}  # the last step printed (or tabled) per series
+    latest: dict[str, list[Any]] = {}  # series -> [step, value, min, max] for the live table
 
-    def latest() -> Any:
-        rows = [bucket_row(n, b[-1]) for n, b in sorted(series.items()) if b]
-        return table(rows, header, title=f"job {job} — {state} — {time.strftime('%H:%M:%S')}")
+    def take(n: str, bucket: dict[str, Any]) -> None:
+        if bucket["last_step"] <= shown.get(n, -1):
+            return
+        shown[n] = bucket["last_step"]
+        row = latest.get(n)
+        low, high = bucket.get("min"), bucket.get("max")
+        if row is not None:
+            low = min((v for v in (low, row[2]) if v is not None), default=None)
+            high = max((v for v in (high, row[3]) if v is not None), default=None)
+        latest[n] = [bucket["last_step"], bucket.get("mean"), low, high]
+        if as_json:
+            sys.stdout.write(json.dumps({"series": n, **bucket}) + "\n")
+        elif lines:
+            sys.stdout.write("  ".join(str(c) for c in bucket_row(n, bucket)) + "\n")
 
-    with Live(latest(), console=out, refresh_per_second=4) as live:
+    def take_all(fetched: dict[str, list[dict[str, Any]]]) -> None:
+        for n, buckets in sorted(fetched.items()):
+            for bucket in buckets:
+                take(n, bucket)
+        sys.stdout.flush()
+
+    def view() -> Any:
+        rows = [[n, *row] for n, row in sorted(latest.items())]
+        title = f"job {job} — {state} — {time.strftime('%H:%M:%S')}"
+        return table(rows, ["SERIES", "STEP", "VALUE", "MIN", "MAX"], title=title)
+
+    with contextlib.ExitStack() as stack:
+        live = None if lines else stack.enter_context(Live(view(), console=out, refresh_per_second=4))
+
+        def refresh() -> None:
+            if live is not None:
+                live.update(view())
+
+        take_all(series)
+        refresh()
+        if state in FINAL_STATES:
+            return
+        # Live frames over the job's websocket; polling the REST API when it cannot be had.
+        try:
+            assert session.token is not None
+            for message in follow_job(session.url, session.token, job):
+                kind = message.get("type") if message is not None else None
+                if message is not None and kind == "metrics":
+                    for n, live_points in sorted(message["series"].items()):
+                        if names is None or n in names:
+                            for step, value in live_points:
+                                take(n, point_bucket(step, value))
+                    sys.stdout.flush()
+                elif message is not None and kind == "state":
+                    state = message["job"]["state"]
+                refresh()
+                if state in FINAL_STATES:
+                    return
+        except LiveUnavailable as exc:
+            err.print(f"Live updates unavailable ({exc}); polling every {FOLLOW_INTERVAL:g} s.")
         while state not in FINAL_STATES:
             time.sleep(FOLLOW_INTERVAL)
             series, state = fetch()
-            live.update(latest())
+            take_all(series)
+            refresh()
+
+
+def point_bucket(step: int, value: float | None) -> dict[str, Any]:
+    """A live point in the shape of a metrics bucket (of one point), so --json lines have one shape."""
+    return {"step": step, "last_step": step, "mean": value, "min": value, "max": value, "count": 1}
 
 
 # --- nodes ---------------------------------------------------------------------------------------
