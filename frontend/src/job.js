@@ -232,8 +232,8 @@ async function refreshRanks(round) {
 // Each PS's, worker's and the shard queue's latest telemetry (GET .../metrics/roles/), patched in
 // place like the ranks table.
 const count = (v) => (typeof v === "number" ? Math.round(v).toLocaleString("en-US") : "–");
-const ms = (v) => (typeof v === "number" ? `${formatNumber(v)} ms` : "–");
 const pair = (a, b, fmt) => `${fmt(a)} / ${fmt(b)}`;
+const ms = (a, b) => (typeof a === "number" || typeof b === "number" ? `${pair(a, b, formatNumber)} ms` : "–");
 
 function statsRow(cells) {
   const tr = document.createElement("tr");
@@ -289,8 +289,8 @@ async function refreshRoleStats() {
       [formatBytes(p.memory_bytes), "num ps-memory"],
       [formatNumber(p.pulls_per_s), "num ps-pulls"],
       [formatNumber(p.pushes_per_s), "num ps-pushes"],
-      [pair(p.pull_p50_ms, p.pull_p99_ms, ms), "num ps-pull-latency"],
-      [pair(p.push_p50_ms, p.push_p99_ms, ms), "num ps-push-latency"],
+      [ms(p.pull_p50_ms, p.pull_p99_ms), "num ps-pull-latency"],
+      [ms(p.push_p50_ms, p.push_p99_ms), "num ps-push-latency"],
       [p.at ? timeOf(p.at) : "not yet", "muted"],
     ]);
     tr.dataset.ps = p.index;
