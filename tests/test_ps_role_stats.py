@@ -55,10 +55,10 @@ def test_each_process_shows_its_latest_values_by_role(decide: Decide, viewer: Us
 
     Metric.objects.bulk_create(
         [
-            # PS 0 (rank 1): the highest step is the latest, whatever order points were stored in
-            point(job, 1, "ps_rows", 9, 250, seq=4),
+            # PS 0 (rank 1): the last record it reported is the latest, whatever order they were stored in
+            point(job, 1, "ps_rows", 12, 250, seq=5),
             point(job, 1, "ps_rows", 5, 100, seq=2),
-            point(job, 1, "ps_rows", 3, 999, seq=5),
+            point(job, 1, "ps_rows", 9, 999, seq=4),
             point(job, 1, "ps_memory_bytes", 9, 2.5e8, seq=4),
             point(job, 1, "ps_pull_p99_ms", 9, 1.75, seq=4),
             point(job, 1, "ps_pushes_per_s", 9, 42.0, seq=4),

@@ -227,9 +227,11 @@ ROLE_METRICS = {"ps": PS_METRICS, "worker": WORKER_METRICS, "coordinator": QUEUE
 
 def latest_values(job_id: int, round_number: int, pairs: list[tuple[int, str]]) -> dict[tuple[int, str], Any]:
     """The newest point of each (rank, metric name) in ``pairs`` for the round: {(rank, name):
-    (value, time)}. A process's step only grows within a round (a PS's version, a worker's
-    pushes, the queue's examples done), so the newest point is the highest step (then seq); each
-    pair is one backward walk of the (job, name, step) index."""
+    (value, time)}. Newest is the highest seq: a rank is one process in a round and its telemetry
+    numbers its metric records in order (the step may repeat: an idle queue's examples done).
+    Each pair is a short backward walk of the (job, round, rank, seq, name) unique index, however
+    long the job has run and whatever the other ranks reported since.
+    """
     if not pairs:
         return {}
     sql = """
@@ -238,7 +240,7 @@ def latest_values(job_id: int, round_number: int, pairs: list[tuple[int, str]]) 
         CROSS JOIN LATERAL (
             SELECT value, time FROM telemetry_metric
             WHERE job_id = %(job)s AND name = p.name AND round_number = %(round)s AND rank = p.rank
-            ORDER BY step DESC, seq DESC
+            ORDER BY seq DESC
             LIMIT 1
         ) m
     """
