@@ -342,7 +342,10 @@ class Session:
         return values
 
     def close(self) -> None:
-        """Leaves the coordinator (held shards go back to the queue at once) and closes channels."""
+        """Reports its last statistics, leaves the coordinator (held shards go back to the queue at
+        once) and closes channels."""
+        if self._window_examples or self._window_staleness:
+            self.report()
         self.coordinator.leave()
         self.coordinator.close()
         self.client.close()
