@@ -11,94 +11,24 @@ round it holds; a viewer finds no controls; the operator stops the job.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connections
 
 from console.jobs.models import Job
-from tests.support.agents import AgentProcs
 from tests.support.browser import chromium, log_in, new_page, shot
-from tests.support.controller import REPO, Controller, service_env, wait_for
+from tests.support.controller import REPO
+from tests.support.live import LiveConsole
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
 CODE = REPO / "tests" / "scripts" / "sdk_job"
-HEARTBEAT = 1.0
-
-
-@dataclass
-class LiveConsole:
-    url: str
-    agents: AgentProcs
-    root: Path
-
-    def start_agents(self, *names: str) -> None:
-        from console.cluster.models import Node
-
-        for name in names:
-            self.agents.start(name, heartbeat=HEARTBEAT)
-        wait_for(
-            lambda: Node.objects.filter(name__in=names, state="ONLINE").count() == len(names),
-            timeout=60,
-            message=f"agents {names} to register",
-        )
-
-
-@pytest.fixture
-def live_console(console_url: str, tmp_path: Path) -> Iterator[LiveConsole]:
-    """The console at console_url plus a controller (bundle URLs point at it), an ingest
-    process and room for agents; all stopped in teardown."""
-    url = settings.REDIS_URL
-    redis.Redis.from_url(url).flushdb()
-    controller = Controller(
-        url,
-        tmp_path / "controller",
-        TRAINYARD_HEARTBEAT_INTERVAL=str(HEARTBEAT),
-        TRAINYARD_HEARTBEAT_MISSES="5",
-        TRAINYARD_CONTROLLER_TICK="0.5",
-        TRAINYARD_PUBLIC_URL=console_url,
-    )
-    ingest_log = (tmp_path / "ingest.log").open("wb")
-    ingest = subprocess.Popen(
-        [sys.executable, "manage.py", "ingest", "--consumer", "browser-live"],
-        cwd=REPO,
-        env=service_env(url, tmp_path / "ingest"),
-        stdout=ingest_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    # No warm pool: a warm interpreter handed to a round while still importing keeps nice 19
-    # until it is ready, and on a loaded machine that starved the first round for minutes.
-    agents = AgentProcs(tmp_path, url, token=settings.NODE_TOKEN, warm_pool=0)
-    controller.start()
-    try:
-        yield LiveConsole(console_url, agents, tmp_path)
-    finally:
-        agents.cleanup()
-        controller.stop()
-        controller.kill()
-        os.killpg(ingest.pid, signal.SIGTERM)
-        try:
-            ingest.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(ingest.pid, signal.SIGKILL)
-            ingest.wait()
-        ingest_log.close()
-        redis.Redis.from_url(url).flushdb()
 
 
 def rank_process(live: LiveConsole, job_id: int, node_rank: int) -> psutil.Process:

@@ -1,20 +1,28 @@
 """The console's pages for a parameter_server job, in a real browser: the submit form offers the
 strategy with its roles, the job page shows the roles with their counts, and an operator resizes
-the worker role there (a bad count gets the API's message, nothing changes)."""
+the worker role there (a bad count gets the API's message, nothing changes). With a real agent,
+controller and ingest running a PS job, the page shows each PS's rows, memory and rates, each
+worker's throughput and the shard queue from the processes' own telemetry, refreshed live."""
 
 from __future__ import annotations
 
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import connections
 
+from console.cluster.models import Node
+from console.jobs import actions
 from console.jobs.models import Job
 from tests.support.browser import assert_accessible, chromium, log_in, new_page
+from tests.support.controller import wait_for
+from tests.support.live import LiveConsole
+from tests.support.ps import COUNT_WORKER
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -88,4 +96,75 @@ def test_operator_submits_a_ps_job_and_resizes_its_worker_role(console_url: str)
         expect(page.locator("#action-message")).to_contain_text("1..6")
         orm(job.refresh_from_db)
         assert job.role_count("worker") == 5
+    assert errors == []
+
+
+def number(text: str | None) -> float:
+    match = re.search(r"[\d,.]+", text or "")
+    assert match, f"no number in {text!r}"
+    return float(match.group().replace(",", ""))
+
+
+@pytest.mark.cluster
+def test_the_job_page_shows_each_role_live_from_a_running_ps_job(
+    live_console: LiveConsole, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    examples, shard = 20000, 200
+    # Given an agent running a PS job: coordinator, 1 PS, 2 workers of the count worker
+    User.objects.create_user("victor", password="pw-viewer-1").groups.add(
+        Group.objects.get_or_create(name="viewer")[0]
+    )
+    live_console.agents.start("ps-node", heartbeat=1.0, extra_args=["--slots", "4"])
+    wait_for(lambda: Node.objects.filter(state="ONLINE").count() == 1, timeout=60, message="agent")
+    job = actions.submit_job(
+        Job(
+            name="ps-live",
+            entrypoint=COUNT_WORKER,
+            workdir=str(Path(COUNT_WORKER).parent),
+            args=[
+                str(tmp_path / "summary-{index}.json"),
+                *("--examples", str(examples), "--shard-size", str(shard), "--batch-size", "50"),
+                *("--sleep", "0.05"),
+            ],
+            env={"TRAINYARD_PS_STATS_EVERY_S": "1", "TRAINYARD_PS_LEASE_S": "5"},
+            strategy="parameter_server",
+            roles={"ps": {"count": 1, "mode": "async"}, "worker": {"count": 2, "min": 1, "max": 4}},
+            grace_period=5.0,
+        ),
+        None,
+    )
+    errors: list[str] = []
+    with chromium() as browser:
+        page = new_page(browser, errors)
+        log_in(page, live_console.url, "victor", "pw-viewer-1")
+        page.goto(f"{live_console.url}/jobs/{job.pk}/")
+
+        # Then PS 0's row shows the rows it holds, its memory and its pull/push rates and latency
+        ps0 = page.locator('#ps-servers-body tr[data-ps="0"]')
+        expect(ps0.locator(".ps-rows")).to_have_text(re.compile(r"^[1-9][\d,]*$"), timeout=120000)
+        rows = number(ps0.locator(".ps-rows").text_content())
+        assert 0 < rows <= examples
+        expect(ps0.locator(".ps-memory")).to_contain_text("MiB")
+        expect(ps0.locator(".ps-pull-latency")).to_have_text(re.compile(r"^[\d.e+-]+ / [\d.e+-]+ ms$"))
+        expect(ps0.locator(".ps-pushes")).not_to_have_text(re.compile("^(0|\u2013)$"), timeout=30000)
+
+        # And each worker its throughput; the queue its shards, which add up to the epoch's
+        for index in (0, 1):
+            rate = page.locator(f'#ps-workers-body tr[data-worker="{index}"] .worker-rate')
+            expect(rate).not_to_have_text(re.compile("^(0|\u2013)$"), timeout=60000)
+            assert number(rate.text_content()) > 0
+        expect(page.locator('#ps-queue [data-queue="epoch"]')).to_have_text("epoch 1 of 1", timeout=30000)
+        counts = [
+            int(number(page.locator(f'#ps-queue [data-queue="{key}"]').text_content()))
+            for key in ("done", "in-progress", "todo")
+        ]
+        assert sum(counts) == examples // shard, counts
+
+        # And the rows are patched live as the PS takes in more rows
+        expect(ps0.locator(".ps-rows")).not_to_have_text(f"{int(rows):,}", timeout=30000)
+        assert number(ps0.locator(".ps-rows").text_content()) > rows
+        assert_accessible(page, "ps job page with role statistics")
+    actions.stop_job(job.pk, None)
     assert errors == []

@@ -68,7 +68,11 @@ def test_roles_are_normalised_with_defaults() -> None:
         ({"ps": {"count": 1}, "worker": {"count": 1}, "chief": {}}, "unknown role"),
         ({"ps": {"count": 0}, "worker": {"count": 1}}, "roles.ps.count must be between 1"),
         ({"ps": {"count": "2"}, "worker": {"count": 1}}, "whole number"),
-        ({"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 1}}, "roles.ps.mode"),
+        (
+            {"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 1}},
+            "roles.ps.mode 'hybrid' is not offered",
+        ),
+        ({"ps": {"count": 1, "mode": "eventual"}, "worker": {"count": 1}}, "roles.ps.mode must be one of"),
         ({"ps": {"count": 1}, "worker": {"count": 5, "max": 4}}, "within min..max"),
         ({"ps": {"count": 1}, "worker": {"count": 2, "min": 3, "max": 2}}, "larger than"),
         ({"ps": {"count": 1, "size": 3}, "worker": {"count": 1}}, "unknown role field"),

@@ -13,8 +13,11 @@ resume from their checkpoints.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
+
+from django.db import connection
 
 from console.core.states import JobState
 from console.core.transport import send_on_commit
@@ -188,3 +191,112 @@ def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# What the job page shows of each role's processes: the latest value of these metrics (the PS
+# runtime's telemetry, workers/ps/stats.py and sdk.ps), by field name.
+PS_METRICS = {
+    "rows": "ps_rows",
+    "bytes_held": "ps_bytes_held",
+    "memory_bytes": "ps_memory_bytes",
+    "pulls_per_s": "ps_pulls_per_s",
+    "pushes_per_s": "ps_pushes_per_s",
+    "pull_p50_ms": "ps_pull_p50_ms",
+    "pull_p99_ms": "ps_pull_p99_ms",
+    "push_p50_ms": "ps_push_p50_ms",
+    "push_p99_ms": "ps_push_p99_ms",
+}
+WORKER_METRICS = {
+    "examples_per_s": "worker_examples_per_s",
+    "examples": "worker_examples",
+    "staleness_mean": "worker_staleness_mean",
+    "staleness_max": "worker_staleness_max",
+}
+QUEUE_METRICS = {
+    "epoch": "queue_epoch",
+    "epochs": "queue_epochs",
+    "shards_per_epoch": "queue_shards_per_epoch",
+    "done": "queue_done",
+    "in_progress": "queue_in_progress",
+    "todo": "queue_todo",
+    "examples_done": "queue_examples_done",
+    "requeued": "queue_requeued",
+}
+ROLE_METRICS = {"ps": PS_METRICS, "worker": WORKER_METRICS, "coordinator": QUEUE_METRICS}
+
+
+def latest_values(job_id: int, round_number: int, pairs: list[tuple[int, str]]) -> dict[tuple[int, str], Any]:
+    """The newest point of each (rank, metric name) in ``pairs`` for the round: {(rank, name):
+    (value, time)}. Newest is the highest seq: a rank is one process in a round and its telemetry
+    numbers its metric records in order (the step may repeat: an idle queue's examples done).
+    Each pair is a short backward walk of the (job, round, rank, seq, name) unique index, however
+    long the job has run and whatever the other ranks reported since.
+    """
+    if not pairs:
+        return {}
+    sql = """
+        SELECT p.rank, p.name, m.value, m.time
+        FROM unnest(%(ranks)s::integer[], %(names)s::text[]) AS p(rank, name)
+        CROSS JOIN LATERAL (
+            SELECT value, time FROM telemetry_metric
+            WHERE job_id = %(job)s AND name = p.name AND round_number = %(round)s AND rank = p.rank
+            ORDER BY seq DESC
+            LIMIT 1
+        ) m
+    """
+    with connection.cursor() as cur:
+        cur.execute(
+            sql,
+            {
+                "job": job_id,
+                "round": round_number,
+                "ranks": [rank for rank, _ in pairs],
+                "names": [name for _, name in pairs],
+            },
+        )
+        return {(rank, name): (value, at) for rank, name, value, at in cur.fetchall()}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def role_stats(job: Job, rnd: Round | None) -> dict[str, Any]:
+    """Each PS's, each worker's and the shard queue's latest statistics in round ``rnd``, with
+    where each process runs and whether it still does (``running``). A process that has not
+    reported yet has its fields null."""
+    processes: list[dict[str, Any]] = []
+    if rnd is not None:
+        for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
+            ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+            live = alloc.is_live and rnd.ended_at is None
+            for local_rank, process in enumerate(alloc.processes):
+                running = live and not process.get("removed") and local_rank not in ended
+                processes.append({**process, "node": alloc.node.name, "running": running})
+    pairs = [(int(p["rank"]), name) for p in processes for name in ROLE_METRICS[p["role"]].values()]
+    latest = latest_values(job.pk, rnd.number, pairs) if rnd is not None else {}
+
+    def row(process: dict[str, Any]) -> dict[str, Any]:
+        fields = ROLE_METRICS[process["role"]]
+        found = {field: latest.get((int(process["rank"]), name)) for field, name in fields.items()}
+        times = [point[1] for point in found.values() if point is not None]
+        return {
+            "index": process["index"],
+            "rank": process["rank"],
+            "node": process["node"],
+            "running": process["running"],
+            **{field: _finite(point[0]) if point else None for field, point in found.items()},
+            "at": max(times).isoformat() if times else None,
+        }
+
+    by_role: dict[str, list[dict[str, Any]]] = {"ps": [], "worker": [], "coordinator": []}
+    for process in sorted(processes, key=lambda p: (p["role"], p["index"])):
+        by_role[process["role"]].append(row(process))
+    return {
+        "job": job.pk,
+        "round": rnd.number if rnd is not None else None,
+        "mode": job.roles.get("ps", {}).get("mode", ""),
+        "ps": by_role["ps"],
+        "workers": by_role["worker"],
+        "queue": by_role["coordinator"][0] if by_role["coordinator"] else None,
+    }

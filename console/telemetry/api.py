@@ -9,12 +9,13 @@ from django.db import connection
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.jobs import parameter_server
 from console.jobs.models import Checkpoint, Job
 from console.telemetry.anomalies import STEP_TIME_NAMES, STRAGGLER_FACTOR, THROUGHPUT_NAMES
 from console.telemetry.downsample import (
@@ -192,6 +193,66 @@ class RanksView(APIView):
             entry["step_time"] = finite_or_none(entry["step_time"])
             entry["throughput"] = finite_or_none(entry["throughput"])
         return Response({"job": job.pk, "round": round_number, "ranks": [ranks[r] for r in sorted(ranks)]})
+
+
+class RoleStatsQuery(serializers.Serializer):
+    round = serializers.IntegerField(required=False, min_value=1)
+
+
+class RoleProcessSerializer(serializers.Serializer):
+    index = serializers.IntegerField(help_text="The process's index in its role")
+    rank = serializers.IntegerField()
+    node = serializers.CharField()
+    running = serializers.BooleanField(help_text="Still running in the round (not ended or removed)")
+    at = serializers.DateTimeField(allow_null=True, help_text="When it last reported; null: not yet")
+
+
+def _nullable(names: dict[str, str], help_text: str) -> dict[str, serializers.Field]:
+    return {field: serializers.FloatField(allow_null=True, help_text=help_text) for field in names}
+
+
+PsStatsSerializer = type(
+    "PsStatsSerializer",
+    (RoleProcessSerializer,),
+    _nullable(parameter_server.PS_METRICS, "Latest value; null until the PS reports it"),
+)
+WorkerStatsSerializer = type(
+    "WorkerStatsSerializer",
+    (RoleProcessSerializer,),
+    _nullable(parameter_server.WORKER_METRICS, "Latest value; null until the worker reports it"),
+)
+QueueStatsSerializer = type(
+    "QueueStatsSerializer",
+    (RoleProcessSerializer,),
+    _nullable(parameter_server.QUEUE_METRICS, "Latest value; null until the coordinator reports it"),
+)
+
+
+class RoleStatsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    round = serializers.IntegerField(allow_null=True)
+    mode = serializers.CharField(allow_blank=True)
+    ps = PsStatsSerializer(many=True)
+    workers = WorkerStatsSerializer(many=True)
+    queue = QueueStatsSerializer(allow_null=True, help_text="The coordinator's shard queue")
+
+
+class RoleStatsView(APIView):
+    """A parameter-server job's roles in a round (default: the current one): each PS's rows
+    held, memory, pull/push rate and latency; each worker's throughput and staleness; the shard
+    queue (done / in progress / to do) with the epoch. The latest value each process reported."""
+
+    @extend_schema(parameters=[JOB_ID, RoleStatsQuery], responses={200: RoleStatsSerializer})
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_job(job_id)
+        if not job.is_parameter_server:
+            raise ValidationError({"job": ["is not a parameter_server job: it has no roles."]})
+        params = validated(RoleStatsQuery, request)
+        number = params.get("round") or job.round_number
+        rnd = job.rounds.filter(number=number).first() if number else None
+        if "round" in params and rnd is None:
+            raise NotFound(f"Job {job.pk} has no round {params['round']}.")
+        return Response(parameter_server.role_stats(job, rnd))
 
 
 class EventsQuery(serializers.Serializer):

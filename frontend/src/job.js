@@ -237,6 +237,92 @@ async function refreshRanks(round) {
   charts.loadRanks(rows.map((r) => r.rank), stragglers).catch(() => {});
 }
 
+// --- parameter-server roles -------------------------------------------------------------------
+// Each PS's, worker's and the shard queue's latest telemetry (GET .../metrics/roles/), patched in
+// place like the ranks table.
+const count = (v) => (typeof v === "number" ? Math.round(v).toLocaleString("en-US") : "–");
+const pair = (a, b, fmt) => `${fmt(a)} / ${fmt(b)}`;
+const ms = (a, b) => (typeof a === "number" || typeof b === "number" ? `${pair(a, b, formatNumber)} ms` : "–");
+
+function statsRow(cells) {
+  const tr = document.createElement("tr");
+  for (const [text, cls] of cells) {
+    const td = document.createElement("td");
+    if (cls) td.className = cls;
+    td.textContent = text;
+    tr.append(td);
+  }
+  return tr;
+}
+
+function renderQueue(queue) {
+  const el = $("ps-queue");
+  if (!queue || queue.at === null) {
+    el.innerHTML = '<span class="muted">The coordinator has not reported yet.</span>';
+    return;
+  }
+  const epochs = typeof queue.epochs === "number" && queue.epochs > 0 ? ` of ${count(queue.epochs)}` : "";
+  const epoch = typeof queue.epoch === "number" ? Math.min(queue.epoch + 1, queue.epochs || Infinity) : null;
+  el.textContent = "";
+  const parts = [
+    ["epoch", `epoch ${count(epoch)}${epochs}`],
+    ["done", `${count(queue.done)} done`],
+    ["in-progress", `${count(queue.in_progress)} in progress`],
+    ["todo", `${count(queue.todo)} to do`],
+    ["examples", `${count(queue.examples_done)} examples done`],
+    ["requeued", `${count(queue.requeued)} re-queued`],
+  ];
+  parts.forEach(([key, text], i) => {
+    const span = document.createElement("span");
+    span.dataset.queue = key;
+    span.textContent = text;
+    if (i) el.append(" · ");
+    el.append(span);
+  });
+  const when = document.createElement("span");
+  when.className = "muted";
+  when.textContent = ` (at ${timeOf(queue.at)})`;
+  el.append(when);
+}
+
+async function refreshRoleStats() {
+  if (!$("ps-servers-body")) return;
+  const stats = await getJSON(`/api/v1/jobs/${jobId}/metrics/roles/`);
+  renderQueue(stats.queue);
+  const servers = $("ps-servers-body");
+  patchRows(servers, stats.ps, (p) => p.index, (p) => {
+    const tr = statsRow([
+      [String(p.index), "num"],
+      [p.node, ""],
+      [count(p.rows), "num ps-rows"],
+      [formatBytes(p.memory_bytes), "num ps-memory"],
+      [formatNumber(p.pulls_per_s), "num ps-pulls"],
+      [formatNumber(p.pushes_per_s), "num ps-pushes"],
+      [ms(p.pull_p50_ms, p.pull_p99_ms), "num ps-pull-latency"],
+      [ms(p.push_p50_ms, p.push_p99_ms), "num ps-push-latency"],
+      [p.at ? timeOf(p.at) : "not yet", "muted"],
+    ]);
+    tr.dataset.ps = p.index;
+    return tr;
+  });
+  if (!stats.ps.length) servers.innerHTML = '<tr><td colspan="9" class="empty">No PS: the job is not placed.</td></tr>';
+  const workers = $("ps-workers-body");
+  patchRows(workers, stats.workers, (w) => w.index, (w) => {
+    const tr = statsRow([
+      [String(w.index), "num"],
+      [w.node, ""],
+      [w.running ? "running" : "ended", w.running ? "" : "muted"],
+      [formatNumber(w.examples_per_s), "num worker-rate"],
+      [count(w.examples), "num worker-examples"],
+      [pair(w.staleness_mean, w.staleness_max, formatNumber), "num worker-staleness"],
+      [w.at ? timeOf(w.at) : "not yet", "muted"],
+    ]);
+    tr.dataset.worker = w.index;
+    return tr;
+  });
+  if (!stats.workers.length) workers.innerHTML = '<tr><td colspan="7" class="empty">No workers: the job is not placed.</td></tr>';
+}
+
 // --- events -----------------------------------------------------------------------------------
 const eventsList = $("events");
 function eventCategory(kind) {
@@ -604,8 +690,10 @@ charts
   .catch((err) => {
     $("charts-error").textContent = `Charts could not load: ${err.message}`;
   });
+refreshRoleStats().catch(() => {});
 setInterval(() => {
   if (TERMINAL.has(job.state)) return;
   refreshRanks().catch(() => {});
+  refreshRoleStats().catch(() => {});
   refreshCheckpoints().catch(() => {});
 }, RANKS_EVERY_MS);

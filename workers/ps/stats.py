@@ -100,6 +100,8 @@ class QueueStats:
     def metrics(self) -> dict[str, float]:
         return {
             "queue_epoch": self.epoch,
+            "queue_epochs": self.epochs,
+            "queue_shards_per_epoch": self.shards_per_epoch,
             "queue_done": self.done,
             "queue_in_progress": self.in_progress,
             "queue_todo": self.todo,

@@ -57,8 +57,10 @@ __all__ = [
     "connect",
 ]
 
-# Worker statistics are reported every this many pushes.
+# Worker statistics are reported every this many pushes, or after this many seconds (a slow
+# worker still shows up on the console's job page).
 STATS_EVERY = 20
+STATS_EVERY_S = 5.0
 
 
 def SGD(lr: float) -> OptimizerConfig:
@@ -314,7 +316,7 @@ class Session:
             if batch.last_of_shard:
                 self.coordinator.complete(batch.epoch, batch.shard)
         self._window_staleness.extend(outcome.staleness)
-        if self.pushes % STATS_EVERY == 0:
+        if self.pushes % STATS_EVERY == 0 or time.monotonic() - self._window_start >= STATS_EVERY_S:
             self.report()
 
     def report(self) -> dict[str, float]:
@@ -340,7 +342,10 @@ class Session:
         return values
 
     def close(self) -> None:
-        """Leaves the coordinator (held shards go back to the queue at once) and closes channels."""
+        """Reports its last statistics, leaves the coordinator (held shards go back to the queue at
+        once) and closes channels."""
+        if self._window_examples or self._window_staleness:
+            self.report()
         self.coordinator.leave()
         self.coordinator.close()
         self.client.close()
