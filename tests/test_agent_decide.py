@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -121,18 +122,34 @@ def test_a_rank_that_succeeds_is_reported_and_the_round_ends_with_the_last() -> 
     ]
 
 
-def test_a_failed_rank_fails_the_round_and_later_exits_in_the_same_tick_are_stops() -> None:
+def test_a_failed_rank_fails_the_round_and_other_exits_seen_with_it_are_reported_too() -> None:
     r0, r1, r2 = rank(0), rank(1), rank(2)
     local = round_in(S.RUNNING, r0, r1, r2)
     actions = tick(local, RankSeen(r0, ended(r0, 1)), RankSeen(r1, ended(r1, 0)), RankSeen(r2))
     assert actions == [
         Reap(r0, ended(r0, 1), RankState.FAILED),
         ReportExit(ended(r0, 1).exit, failed=True),
+        Reap(r1, ended(r1, 0), RankState.SUCCEEDED),
+        ReportExit(ended(r1, 0).exit, failed=False),
         Move(S.FAILING),
         SetDeadline(NOW + GRACE),
-        Kill(r1, signal.SIGTERM),
         Kill(r2, signal.SIGTERM),
-        Reap(r1, ended(r1, 0), RankState.STOPPED),
+    ]
+
+
+def test_failures_seen_in_one_look_are_reported_root_cause_first() -> None:
+    # Rank 1 raised; rank 0's collective broke a moment later; both are seen in the same look.
+    r0, r1 = rank(0), rank(1)
+    local = round_in(S.RUNNING, r0, r1)
+    broke, raised = replace(ended(r0, 1), ended_at=NOW + 0.2), replace(ended(r1, 1), ended_at=NOW)
+    assert tick(local, RankSeen(r0, broke), RankSeen(r1, raised)) == [
+        Reap(r1, raised, RankState.FAILED),
+        ReportExit(raised.exit, failed=True),
+        Reap(r0, broke, RankState.FAILED),
+        ReportExit(broke.exit, failed=True),
+        Move(S.FAILING),
+        SetDeadline(NOW + GRACE),
+        End(S.FAILED),
     ]
 
 

@@ -151,31 +151,42 @@ def decide_tick(
     state, deadline = local.state, local.stop_deadline
     running = {rank.local_rank: rank for rank in local.ranks if rank.state == RankState.RUNNING}
     actions: list[Action] = []
-    for look in seen.ranks:
-        rank = look.rank
-        if look.ended is not None:
-            del running[rank.local_rank]
-            if state.is_ending or removed(local.spec, rank.local_rank):
-                # Stopped by us: the round's stop, or a parameter-server worker taken out.
-                actions.append(Reap(rank, look.ended, RankState.STOPPED))
+    ended = [look for look in seen.ranks if look.ended is not None]
+    for look in ended:
+        del running[look.rank.local_rank]
+    if state.is_ending:
+        actions.extend(Reap(look.rank, look.ended, RankState.STOPPED) for look in ended if look.ended)
+    else:
+        # Every rank seen ended here ended on its own (no signal was sent yet): each is reported,
+        # earliest first, so a failure's root cause comes before the peers it took down.
+        fails = False
+        for look in sorted(ended, key=lambda seen_rank: seen_rank.ended.ended_at if seen_rank.ended else 0.0):
+            rank, end = look.rank, look.ended
+            assert end is not None
+            if removed(local.spec, rank.local_rank):
+                # A parameter-server worker taken out of the round: stopped by us.
+                actions.append(Reap(rank, end, RankState.STOPPED))
                 continue
-            failed = not look.ended.succeeded
+            failed = not end.succeeded
             # A parameter-server worker's failure costs its round nothing (launcher.survivable).
             fails_round = failed and not survivable(local.spec, rank.local_rank)
-            actions.append(Reap(rank, look.ended, RankState.FAILED if failed else RankState.SUCCEEDED))
-            actions.append(ReportExit(look.ended.exit, fails_round))
-            if fails_round:
-                stop = decide_stop(local, StopReason.FAILURE, grace, now, list(running.values()))
-                actions.extend(stop)
-                state = LocalState.FAILING
-                deadline = next(a.at for a in stop if isinstance(a, SetDeadline))
-        elif (
-            look.code_ended_ago is not None
+            actions.append(Reap(rank, end, RankState.FAILED if failed else RankState.SUCCEEDED))
+            actions.append(ReportExit(end.exit, fails_round))
+            fails = fails or fails_round
+        if fails:
+            stop = decide_stop(local, StopReason.FAILURE, grace, now, list(running.values()))
+            actions.extend(stop)
+            state = LocalState.FAILING
+            deadline = next(a.at for a in stop if isinstance(a, SetDeadline))
+    for look in seen.ranks:
+        if (
+            look.ended is None
+            and look.code_ended_ago is not None
             and look.code_ended_ago >= teardown_timeout
             and not state.is_ending
-            and not rank.killed_in_teardown
+            and not look.rank.killed_in_teardown
         ):
-            actions.append(KillInTeardown(rank, look.code_ended_ago))
+            actions.append(KillInTeardown(look.rank, look.code_ended_ago))
     if running and state in KILLING and now >= deadline:
         state = KILLING[state]
         actions.append(Move(state))

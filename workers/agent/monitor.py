@@ -38,6 +38,9 @@ class RankEnded:
     returncode: int  # as the process ended
     exit: RankExit
     code_status: int | None  # what runner.py recorded, when a signal ended the process
+    # When its code ended, as well as the files it left tell (runner.py's end file, its error
+    # file), else when it was seen ended: orders exits seen in one look, the root cause first.
+    ended_at: float = 0.0
 
     @property
     def succeeded(self) -> bool:
@@ -104,7 +107,18 @@ def rank_ended(rank: Rank, returncode: int) -> RankEnded:
     )
     if teardown:
         exit_["teardown"] = teardown
-    return RankEnded(returncode=returncode, exit=exit_, code_status=code_status)
+    return RankEnded(
+        returncode=returncode, exit=exit_, code_status=code_status, ended_at=ended_at(rank.files)
+    )
+
+
+def ended_at(files: RankFiles) -> float:
+    for path in (files.end_file, files.error_file):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return time.time()
 
 
 def signal_name(returncode: int) -> str | None:
