@@ -11,7 +11,8 @@
     trainyard nodes    trainyard drain gpu-01    trainyard undrain gpu-01    trainyard top
     trainyard tokens   trainyard bundle ./src
 
-Modules: ``app`` (the typer commands), ``client`` (httpx, credentials, pagination), ``bundle``
+Modules: ``app`` (the typer commands, from ``account``, ``submit``, ``jobs``, ``watch``, ``nodes``
+on ``base``), ``client`` (httpx, credentials, pagination), ``bundle``
 (the archive a directory becomes), ``output`` (rich tables, JSON), ``errors`` (exit codes).
 ``main`` runs a command and turns every error into one line on stderr and an exit code.
 """
