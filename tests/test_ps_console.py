@@ -31,7 +31,7 @@ SHARD = 200
 BATCH = 50
 
 
-def ps_job(workers: int = 3) -> Job:
+def ps_job(workers: int = 3, mode: str = "async") -> Job:
     job = Job(
         name="ps",
         entrypoint="/bin/true",
@@ -39,7 +39,7 @@ def ps_job(workers: int = 3) -> Job:
         max_nodes=2,
         desired_nodes=2,
         strategy="parameter_server",
-        roles={"ps": {"count": 2, "mode": "async"}, "worker": {"count": workers, "min": 1, "max": 8}},
+        roles={"ps": {"count": 2, "mode": mode}, "worker": {"count": workers, "min": 1, "max": 8}},
         grace_period=12.0,
     )
     return actions.submit_job(job, None)
@@ -156,6 +156,62 @@ def test_the_worker_role_is_resized_in_place(decide: Decide) -> None:
         actions.resize_role(job.pk, "worker", 3, None)
     with pytest.raises(actions.InvalidRequest, match=r"1\.\.8"):
         actions.resize_role(ps_job().pk, "worker", 9, None)
+
+
+def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(decide: Decide) -> None:
+    a, b = make_node("a", slots=4), make_node("b", slots=3)
+    job = ps_job(workers=3, mode="hybrid")  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
+    started = decide(scheduler.tick).to_agents()
+    specs = {queue: kwargs["spec"] for _, queue, kwargs in started}
+    (dense_master,) = {
+        p["dense_master"] for s in specs.values() for p in s["ps"]["processes"] if "dense_master" in p
+    }
+    assert dense_master.startswith(f"{b.address}:")  # worker 0's host
+    assert [
+        (p["index"], p["dense_rank"], p["dense_world"]) for p in specs["node.b"]["ps"]["processes"][1:]
+    ] == [
+        (0, 0, 3),
+        (2, 2, 3),
+    ]
+    servers = {
+        (p["role"], p["index"], p.get("port"))
+        for x in job.rounds.get().allocations.all()
+        for p in x.processes
+        if p["role"] != "worker"
+    }
+
+    # Worker 1 dies: every worker is replaced by a new dense group, the servers stay as they were
+    lost = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(2, 4, code=None, signal="SIGKILL"))
+    assert lost.kinds() == ["ps.worker_group_replaced"]
+    assert sorted(q for _, q, _ in lost.to_agents()) == ["node.a", "node.b"]
+    rnd = job.rounds.get()
+    rows = [p for x in rnd.allocations.all() for p in x.processes]
+    assert sorted(p["index"] for p in rows if p.get("removed")) == [0, 1, 2]
+    new = sorted(
+        (p for p in rows if p["role"] == "worker" and not p.get("removed")), key=lambda p: p["index"]
+    )
+    assert [(p["index"], p["dense_rank"], p["dense_world"]) for p in new] == [(3, 0, 3), (4, 1, 3), (5, 2, 3)]
+    assert new[0]["dense_master"] != dense_master and new[0]["dense_master"].startswith(f"{a.address}:")
+    assert {(p["role"], p["index"], p.get("port")) for p in rows if p["role"] != "worker"} == servers
+    job.refresh_from_db()
+    assert job.round_number == 1 and job.job_state.is_active
+
+    # The old group's exits change nothing; the new group finishing ends the job
+    assert decide(reports.rank_exited, "b", job.pk, 1, worker_exit(1, 3, code=1)).kinds() == []
+    decide(reports.rank_exited, "a", job.pk, 1, worker_exit(3, 6))
+    decide(reports.rank_exited, "b", job.pk, 1, worker_exit(3, 7))
+    done = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(4, 8))
+    assert done.kinds() == ["job.succeeded"]
+
+    # A resize of a hybrid job's workers replaces them too
+    other = ps_job(workers=2, mode="hybrid")
+    Node.objects.update(slots=8)
+    decide(scheduler.tick)
+    resized = decide(actions.resize_role, other.pk, "worker", 3, None)
+    assert resized.kinds() == ["ps.worker_group_replaced", "job.resize_requested"]
+    rows = [p for x in other.rounds.get().allocations.all() for p in x.processes if p["role"] == "worker"]
+    assert sorted(p["index"] for p in rows if p.get("removed")) == [0, 1]
+    assert sorted(p["dense_rank"] for p in rows if not p.get("removed")) == [0, 1, 2]
 
 
 def processes(cluster: Cluster, marker: str) -> list[psutil.Process]:
