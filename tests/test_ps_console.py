@@ -15,7 +15,9 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 from django.utils import timezone
+from torch import nn
 
 from console.cluster.models import Node
 from console.core.states import JobState
@@ -24,7 +26,7 @@ from console.jobs.models import Job
 from tests.support.cluster import HEARTBEAT, Cluster
 from tests.support.controller import wait_for
 from tests.support.decisions import Decide, failing_exit, make_node, stop
-from tests.support.ps import COUNT_WORKER
+from tests.support.ps import COUNT_WORKER, HYBRID_WORKER
 
 EXAMPLES = 4000
 SHARD = 200
@@ -340,3 +342,79 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
     ]
     assert restored, "PS 0 did not restore its checkpoint in round 2"
     wait_for(lambda: not any(p.is_running() for p in servers), timeout=30, message="round 1's servers gone")
+
+
+@pytest.mark.cluster
+def test_a_hybrid_job_replaces_its_workers_and_they_carry_on_from_the_saved_dense_weights(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Given two agents and a hybrid job: 1 PS, 2 workers in one dense (DDP) group
+    for name in ("node-a", "node-b"):
+        cluster.agents.start(name, heartbeat=HEARTBEAT, extra_args=["--slots", "3"])
+    wait_for(lambda: Node.objects.filter(state="ONLINE").count() == 2, timeout=60, message="agents")
+    prefix = tmp_path / "worker-{index}"
+    body = {
+        "name": "hybrid-e2e",
+        "strategy": "parameter_server",
+        "roles": {"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 2, "min": 1, "max": 4}},
+        "nnodes": "2",
+        "entrypoint": HYBRID_WORKER,
+        "workdir": str(Path(HYBRID_WORKER).parent),
+        "args": [
+            str(prefix),
+            "--examples",
+            "3000",
+            "--shard-size",
+            "100",
+            "--batch-size",
+            "25",
+            "--sleep",
+            "0.1",
+        ],
+        "env": {"TRAINYARD_PS_LEASE_S": "2", "TRAINYARD_PS_DENSE_SAVE_S": "0.3"},
+        "grace_period": 10,
+    }
+    response = cluster.api.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+
+    def path(index: int, suffix: str) -> Path:
+        return Path(str(prefix).replace("{index}", str(index)) + suffix)
+
+    # When both workers push and rank 0 (worker 0) has saved the dense weights, worker 1 is SIGKILLed
+    try:
+        wait_for(
+            lambda: path(1, ".first").exists() and path(0, ".saved.jsonl").exists(),
+            timeout=120,
+            message="training",
+        )
+    except AssertionError:
+        raise AssertionError(cluster.diagnose(job)) from None
+    servers = processes(cluster, "workers.ps.server") + processes(cluster, "workers.ps.coordinator")
+    assert len(servers) == 2, [p.cmdline() for p in servers]
+    pids = sorted(p.pid for p in servers)
+    os.kill(json.loads(path(1, ".first").read_text())["pid"], signal.SIGKILL)
+
+    # Then every worker is replaced (workers 2 and 3, a new dense group) in the same round, the
+    # PS and the coordinator the same processes, and the job succeeds
+    try:
+        wait_for(
+            lambda: path(2, ".first").exists() and path(3, ".first").exists(), timeout=90, message="new group"
+        )
+    except AssertionError:
+        raise AssertionError(cluster.diagnose(job)) from None
+    now = processes(cluster, "workers.ps.server") + processes(cluster, "workers.ps.coordinator")
+    assert sorted(p.pid for p in now) == pids and all(p.is_running() for p in servers)
+    job = cluster.wait_state(job, JobState.SUCCEEDED, JobState.FAILED, timeout=120)
+    assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
+    assert job.round_number == 1 and job.events.filter(kind="ps.worker_group_replaced").count() == 1
+
+    # And the new group started from dense weights the old rank 0 saved after training, not from
+    # its own init (seeded by its index) nor the first group's
+    saved = [json.loads(line) for line in path(0, ".saved.jsonl").read_text().splitlines()]
+    first = json.loads(path(0, ".loaded.json").read_text())
+    loaded = [json.loads(path(i, ".loaded.json").read_text()) for i in (2, 3)]
+    assert loaded[0] == loaded[1] and loaded[0] in saved and loaded[0] != first
+    torch.manual_seed(102)
+    fresh = nn.Linear(4, 1)
+    assert loaded[0] != [p.detach().reshape(-1).tolist() for p in fresh.parameters()]
