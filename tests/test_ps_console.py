@@ -15,7 +15,9 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 from django.utils import timezone
+from torch import nn
 
 from console.cluster.models import Node
 from console.core.states import JobState
@@ -24,14 +26,14 @@ from console.jobs.models import Job
 from tests.support.cluster import HEARTBEAT, Cluster
 from tests.support.controller import wait_for
 from tests.support.decisions import Decide, failing_exit, make_node, stop
-from tests.support.ps import COUNT_WORKER
+from tests.support.ps import COUNT_WORKER, HYBRID_WORKER
 
 EXAMPLES = 4000
 SHARD = 200
 BATCH = 50
 
 
-def ps_job(workers: int = 3) -> Job:
+def ps_job(workers: int = 3, mode: str = "async") -> Job:
     job = Job(
         name="ps",
         entrypoint="/bin/true",
@@ -39,7 +41,7 @@ def ps_job(workers: int = 3) -> Job:
         max_nodes=2,
         desired_nodes=2,
         strategy="parameter_server",
-        roles={"ps": {"count": 2, "mode": "async"}, "worker": {"count": workers, "min": 1, "max": 8}},
+        roles={"ps": {"count": 2, "mode": mode}, "worker": {"count": workers, "min": 1, "max": 8}},
         grace_period=12.0,
     )
     return actions.submit_job(job, None)
@@ -156,6 +158,62 @@ def test_the_worker_role_is_resized_in_place(decide: Decide) -> None:
         actions.resize_role(job.pk, "worker", 3, None)
     with pytest.raises(actions.InvalidRequest, match=r"1\.\.8"):
         actions.resize_role(ps_job().pk, "worker", 9, None)
+
+
+def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(decide: Decide) -> None:
+    a, b = make_node("a", slots=4), make_node("b", slots=3)
+    job = ps_job(workers=3, mode="hybrid")  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
+    started = decide(scheduler.tick).to_agents()
+    specs = {queue: kwargs["spec"] for _, queue, kwargs in started}
+    (dense_master,) = {
+        p["dense_master"] for s in specs.values() for p in s["ps"]["processes"] if "dense_master" in p
+    }
+    assert dense_master.startswith(f"{b.address}:")  # worker 0's host
+    assert [
+        (p["index"], p["dense_rank"], p["dense_world"]) for p in specs["node.b"]["ps"]["processes"][1:]
+    ] == [
+        (0, 0, 3),
+        (2, 2, 3),
+    ]
+    servers = {
+        (p["role"], p["index"], p.get("port"))
+        for x in job.rounds.get().allocations.all()
+        for p in x.processes
+        if p["role"] != "worker"
+    }
+
+    # Worker 1 dies: every worker is replaced by a new dense group, the servers stay as they were
+    lost = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(2, 4, code=None, signal="SIGKILL"))
+    assert lost.kinds() == ["ps.worker_group_replaced"]
+    assert sorted(q for _, q, _ in lost.to_agents()) == ["node.a", "node.b"]
+    rnd = job.rounds.get()
+    rows = [p for x in rnd.allocations.all() for p in x.processes]
+    assert sorted(p["index"] for p in rows if p.get("removed")) == [0, 1, 2]
+    new = sorted(
+        (p for p in rows if p["role"] == "worker" and not p.get("removed")), key=lambda p: p["index"]
+    )
+    assert [(p["index"], p["dense_rank"], p["dense_world"]) for p in new] == [(3, 0, 3), (4, 1, 3), (5, 2, 3)]
+    assert new[0]["dense_master"] != dense_master and new[0]["dense_master"].startswith(f"{a.address}:")
+    assert {(p["role"], p["index"], p.get("port")) for p in rows if p["role"] != "worker"} == servers
+    job.refresh_from_db()
+    assert job.round_number == 1 and job.job_state.is_active
+
+    # The old group's exits change nothing; the new group finishing ends the job
+    assert decide(reports.rank_exited, "b", job.pk, 1, worker_exit(1, 3, code=1)).kinds() == []
+    decide(reports.rank_exited, "a", job.pk, 1, worker_exit(3, 6))
+    decide(reports.rank_exited, "b", job.pk, 1, worker_exit(3, 7))
+    done = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(4, 8))
+    assert done.kinds() == ["job.succeeded"]
+
+    # A resize of a hybrid job's workers replaces them too
+    other = ps_job(workers=2, mode="hybrid")
+    Node.objects.update(slots=8)
+    decide(scheduler.tick)
+    resized = decide(actions.resize_role, other.pk, "worker", 3, None)
+    assert resized.kinds() == ["ps.worker_group_replaced", "job.resize_requested"]
+    rows = [p for x in other.rounds.get().allocations.all() for p in x.processes if p["role"] == "worker"]
+    assert sorted(p["index"] for p in rows if p.get("removed")) == [0, 1]
+    assert sorted(p["dense_rank"] for p in rows if not p.get("removed")) == [0, 1, 2]
 
 
 def processes(cluster: Cluster, marker: str) -> list[psutil.Process]:
@@ -284,3 +342,79 @@ def test_a_ps_job_survives_a_killed_worker_without_restarting_its_servers(
     ]
     assert restored, "PS 0 did not restore its checkpoint in round 2"
     wait_for(lambda: not any(p.is_running() for p in servers), timeout=30, message="round 1's servers gone")
+
+
+@pytest.mark.cluster
+def test_a_hybrid_job_replaces_its_workers_and_they_carry_on_from_the_saved_dense_weights(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Given two agents and a hybrid job: 1 PS, 2 workers in one dense (DDP) group
+    for name in ("node-a", "node-b"):
+        cluster.agents.start(name, heartbeat=HEARTBEAT, extra_args=["--slots", "3"])
+    wait_for(lambda: Node.objects.filter(state="ONLINE").count() == 2, timeout=60, message="agents")
+    prefix = tmp_path / "worker-{index}"
+    body = {
+        "name": "hybrid-e2e",
+        "strategy": "parameter_server",
+        "roles": {"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 2, "min": 1, "max": 4}},
+        "nnodes": "2",
+        "entrypoint": HYBRID_WORKER,
+        "workdir": str(Path(HYBRID_WORKER).parent),
+        "args": [
+            str(prefix),
+            "--examples",
+            "3000",
+            "--shard-size",
+            "100",
+            "--batch-size",
+            "25",
+            "--sleep",
+            "0.1",
+        ],
+        "env": {"TRAINYARD_PS_LEASE_S": "2", "TRAINYARD_PS_DENSE_SAVE_S": "0.3"},
+        "grace_period": 10,
+    }
+    response = cluster.api.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+
+    def path(index: int, suffix: str) -> Path:
+        return Path(str(prefix).replace("{index}", str(index)) + suffix)
+
+    # When both workers push and rank 0 (worker 0) has saved the dense weights, worker 1 is SIGKILLed
+    try:
+        wait_for(
+            lambda: path(1, ".first").exists() and path(0, ".saved.jsonl").exists(),
+            timeout=120,
+            message="training",
+        )
+    except AssertionError:
+        raise AssertionError(cluster.diagnose(job)) from None
+    servers = processes(cluster, "workers.ps.server") + processes(cluster, "workers.ps.coordinator")
+    assert len(servers) == 2, [p.cmdline() for p in servers]
+    pids = sorted(p.pid for p in servers)
+    os.kill(json.loads(path(1, ".first").read_text())["pid"], signal.SIGKILL)
+
+    # Then every worker is replaced (workers 2 and 3, a new dense group) in the same round, the
+    # PS and the coordinator the same processes, and the job succeeds
+    try:
+        wait_for(
+            lambda: path(2, ".first").exists() and path(3, ".first").exists(), timeout=90, message="new group"
+        )
+    except AssertionError:
+        raise AssertionError(cluster.diagnose(job)) from None
+    now = processes(cluster, "workers.ps.server") + processes(cluster, "workers.ps.coordinator")
+    assert sorted(p.pid for p in now) == pids and all(p.is_running() for p in servers)
+    job = cluster.wait_state(job, JobState.SUCCEEDED, JobState.FAILED, timeout=120)
+    assert job.state == JobState.SUCCEEDED, cluster.diagnose(job)
+    assert job.round_number == 1 and job.events.filter(kind="ps.worker_group_replaced").count() == 1
+
+    # And the new group started from dense weights the old rank 0 saved after training, not from
+    # its own init (seeded by its index) nor the first group's
+    saved = [json.loads(line) for line in path(0, ".saved.jsonl").read_text().splitlines()]
+    first = json.loads(path(0, ".loaded.json").read_text())
+    loaded = [json.loads(path(i, ".loaded.json").read_text()) for i in (2, 3)]
+    assert loaded[0] == loaded[1] and loaded[0] in saved and loaded[0] != first
+    torch.manual_seed(102)
+    fresh = nn.Linear(4, 1)
+    assert loaded[0] != [p.detach().reshape(-1).tolist() for p in fresh.parameters()]

@@ -19,6 +19,7 @@ from console.jobs.planning import (
     place_processes,
     plan_round,
     regroup_workers,
+    replace_workers,
 )
 from workers.agent import launcher
 from workers.agent.config import AgentConfig
@@ -68,10 +69,6 @@ def test_roles_are_normalised_with_defaults() -> None:
         ({"ps": {"count": 1}, "worker": {"count": 1}, "chief": {}}, "unknown role"),
         ({"ps": {"count": 0}, "worker": {"count": 1}}, "roles.ps.count must be between 1"),
         ({"ps": {"count": "2"}, "worker": {"count": 1}}, "whole number"),
-        (
-            {"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 1}},
-            "roles.ps.mode 'hybrid' is not offered",
-        ),
         ({"ps": {"count": 1, "mode": "eventual"}, "worker": {"count": 1}}, "roles.ps.mode must be one of"),
         ({"ps": {"count": 1}, "worker": {"count": 5, "max": 4}}, "within min..max"),
         ({"ps": {"count": 1}, "worker": {"count": 2, "min": 3, "max": 2}}, "larger than"),
@@ -238,3 +235,59 @@ def test_the_agent_starts_added_workers_and_stops_removed_ones() -> None:
     assert launcher.regroup(round_spec, {0, 1, 2}) == ([], {1})
     assert launcher.regroup(round_spec, {0, 2}) == ([], set())  # started without the removed one
     assert launcher.removed(round_spec, 1) and not launcher.removed(round_spec, 2)
+
+
+# --- hybrid mode: a worker change replaces the whole dense group ----------------------------
+
+
+def test_hybrid_is_a_mode_the_console_takes() -> None:
+    normal = roles.normalize({"ps": {"count": 1, "mode": "hybrid"}, "worker": {"count": 2}})
+    assert normal["ps"] == {"count": 1, "mode": "hybrid"}
+
+
+def test_a_hybrid_worker_change_replaces_every_worker_and_keeps_the_servers() -> None:
+    shares = place_processes(2, 3, 2)  # node 0: coordinator, ps 1, worker 1; node 1: ps 0, workers 0, 2
+    # Worker 1 failed (not live); workers 0 and 2 on node 1 are replaced with it, by 3 new ones.
+    changed = replace_workers(shares, live=[[], [0, 2]], free=[1, 0], count=3)
+    assert changed is not None
+    assert changed.remove == (0, 2)
+    assert [p for _, p in changed.add] == [
+        Process("worker", 3, 6),
+        Process("worker", 4, 7),
+        Process("worker", 5, 8),
+    ]
+    assert sorted(node for node, _ in changed.add) == [0, 1, 1]  # the removed workers' slots count
+    assert all(p.role == "worker" for _, p in changed.add)  # no coordinator or PS restarted
+    assert replace_workers(shares, live=[[1], [0, 2]], free=[0, 0], count=4) is None  # no room
+
+
+def test_a_hybrid_worker_gets_its_dense_group_and_the_servers_none(tmp_path: Path) -> None:
+    round_spec = spec(
+        [
+            {"role": "ps", "index": 0, "rank": 1},
+            {
+                "role": "worker",
+                "index": 4,
+                "rank": 7,
+                "dense_rank": 1,
+                "dense_world": 3,
+                "dense_master": "10.0.0.2:24567",
+            },
+        ]
+    )
+    config = AgentConfig(
+        name="n1",
+        broker_url="redis://x",
+        token="t",
+        address="",
+        slots=4,
+        heartbeat=1.0,
+        data_dir=tmp_path / "data",
+        checkpoint_root=tmp_path / "ckpt",
+    )
+    files = launcher.RankFiles.for_rank(config, round_spec, 0)
+    worker = launcher.rank_env(config, round_spec, 1, files)
+    assert (worker["RANK"], worker["WORLD_SIZE"]) == ("1", "3")
+    assert (worker["MASTER_ADDR"], worker["MASTER_PORT"]) == ("10.0.0.2", "24567")
+    server = launcher.rank_env(config, round_spec, 0, files)
+    assert server["WORLD_SIZE"] == "1"

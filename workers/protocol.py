@@ -102,6 +102,11 @@ class PsProcess(TypedDict):
     # A worker the controller took out when the worker role shrank: stopped, not restarted.
     # Local ranks keep their places, so a removed process stays in the list.
     removed: NotRequired[bool]
+    # Hybrid mode: the worker's place in the dense (DDP) group of the workers started with it;
+    # a worker change starts a new group (new workers, a new port), the PS run on.
+    dense_rank: NotRequired[int]
+    dense_world: NotRequired[int]
+    dense_master: NotRequired[str]  # host:port of dense rank 0's store
 
 
 class PsRound(TypedDict):

@@ -23,8 +23,8 @@ from console.core.states import JobState
 from console.core.transport import send_on_commit
 from console.jobs.failures import describe, failed, record_failure
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import Process, Regroup, regroup_workers
-from console.jobs.rounds import finish_job
+from console.jobs.planning import Process, Regroup, regroup_workers, replace_workers
+from console.jobs.rounds import dense_group, finish_job, ports_of
 from console.jobs.snapshot import node_views
 from console.jobs.spec import round_spec
 from console.telemetry import events
@@ -65,10 +65,25 @@ def worker_tally(rnd: Round) -> tuple[int, int, int]:
     return workers, ended, succeeded
 
 
+def is_hybrid(job: Job) -> bool:
+    """Rows on the PS, the dense network all-reduced by the workers' own DDP group."""
+    return bool(job.roles.get("ps", {}).get("mode") == "hybrid")
+
+
 def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
-    """A worker of ``job``'s current round ended (its exit is recorded on ``alloc`` already)."""
+    """A worker of ``job``'s current round ended (its exit is recorded on ``alloc`` already).
+    In hybrid mode a failed worker breaks its dense group: every worker is replaced by a new
+    group (the PS keep the dense weights saved), and the old group's exits are ignored."""
     process = process_of(alloc, exit)
     assert process is not None
+    if process.get("removed"):
+        return  # stopped by a resize or a worker change: its end changes nothing
+    if failed(exit) and is_hybrid(job) and job.job_state.is_active:
+        try:
+            resize_workers(job, int(job.roles["worker"]["count"]), now, lost=process)
+            return
+        except NoRoom:
+            pass  # fall through: counted as a lost worker
     if failed(exit):
         cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
         events.emit(
@@ -99,10 +114,13 @@ def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, no
         record_failure(job, alloc, exit, now)  # every worker failed: the round failed
 
 
-def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
+def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | None = None) -> Regroup:
     """Bring the current round's live workers to ``count`` in place: new worker processes start
     on the round's nodes with room, removed ones are stopped; the PS, the coordinator and the
-    other workers run on (the coordinator's leases hand the new workers shards). Raises NoRoom."""
+    other workers run on (the coordinator's leases hand the new workers shards). In hybrid mode
+    every live worker is replaced by ``count`` new ones in a new dense group (``lost``: the
+    failed worker that caused it). Raises NoRoom."""
+    hybrid = is_hybrid(job)
     rnd = job.current_round()
     assert rnd is not None
     allocs = list(
@@ -110,25 +128,36 @@ def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
     )
     free_slots = node_views(exclude_job=job)
     shares, live, free = [], [], []
+    live_by_node: list[list[int]] = []
     for alloc in allocs:
         ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
         share = [Process(p["role"], p["index"], p["rank"]) for p in alloc.processes]
         running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
         shares.append(share)
         live += [p["index"] for p in running if p["role"] == "worker"]
+        live_by_node.append([p["index"] for p in running if p["role"] == "worker"] if alloc.is_live else [])
         # A host whose part of the round has ended (all its workers done) has closed it: no new
         # ranks start there in this round.
         free.append(free_slots[alloc.node_id].free_slots - len(running) if alloc.is_live else 0)
-    regroup = regroup_workers(shares, live, free, count)
+    regroup = (
+        replace_workers(shares, live_by_node, free, count)
+        if hybrid
+        else regroup_workers(shares, live, free, count)
+    )
+    if regroup is not None and lost is not None:  # the failed worker is out of the round too
+        regroup = Regroup(regroup.add, tuple(sorted({*regroup.remove, int(lost["index"])})))
     if regroup is None:
         raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
     changed: set[int] = set()
+    group: list[tuple[Any, dict[str, Any]]] = []
     for position, process in regroup.add:
-        allocs[position].processes = [
-            *allocs[position].processes,
-            {"role": process.role, "index": process.index, "rank": process.rank},
-        ]
+        row: dict[str, Any] = {"role": process.role, "index": process.index, "rank": process.rank}
+        allocs[position].processes = [*allocs[position].processes, row]
+        group.append((allocs[position].node, row))
         changed.add(position)
+    if hybrid and group:
+        head = min(group, key=lambda member: int(member[1]["index"]))[0]
+        dense_group(group, ports_of(next(a.processes for a in allocs if a.node_id == head.pk)))
     for position, alloc in enumerate(allocs):
         rows = [dict(p) for p in alloc.processes]
         for row in rows:
@@ -147,6 +176,19 @@ def resize_workers(job: Job, count: int, now: datetime) -> Regroup:
         alloc = allocs[position]
         send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
     added = [p.index for _, p in regroup.add]
+    if hybrid:
+        why = f"worker {lost['index']} failed" if lost else f"worker role resized to {count}"
+        events.emit(
+            "ps.worker_group_replaced",
+            f"Hybrid job: {why}; worker(s) {list(regroup.remove)} replaced by {added} in a new dense "
+            "group that loads the dense weights saved on the PS; the PS and the coordinator run on",
+            job=job,
+            severity=Severity.WARNING if lost else Severity.INFO,
+            workers=count,
+            added=added,
+            removed=list(regroup.remove),
+        )
+        return regroup
     events.emit(
         "ps.workers_resized",
         f"Worker role resized in place to {count}: "

@@ -223,6 +223,21 @@ def regroup_workers(
     return Regroup(tuple(added), ())
 
 
+def replace_workers(
+    shares: Sequence[Sequence[Process]], live: Sequence[Sequence[int]], free: Sequence[int], count: int
+) -> Regroup | None:
+    """A hybrid round's worker change: every live worker (``live[i]``: indexes on node position
+    i) is removed and ``count`` new ones start (indexes and ranks after every one the round has
+    had; their dense group is new), dealt like ``regroup_workers`` over the ``free`` slots plus
+    those the removed workers leave. The PS and the coordinator stay. None when there is no room."""
+    removed = tuple(sorted(i for node in live for i in node))
+    room = [f + len(node) for f, node in zip(free, live, strict=True)]
+    grown = regroup_workers(shares, [], room, count)
+    if grown is None:
+        return None
+    return Regroup(grown.add, removed)
+
+
 def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
     """``members`` plus ``candidates`` in order until there are ``target``."""
     grown = list(members)

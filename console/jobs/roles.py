@@ -13,7 +13,8 @@ from typing import Any
 PS = "ps"
 WORKER = "worker"
 COORDINATOR = "coordinator"
-MODES = ("async", "sync")  # hybrid needs the workers' DDP group re-formed on resize: not yet
+# hybrid: a worker change replaces every worker by a new dense group (parameter_server.py)
+MODES = ("async", "sync", "hybrid")
 MAX_PS = 64
 MAX_WORKERS = 1024
 
@@ -50,12 +51,6 @@ def normalize(roles: Any) -> dict[str, dict[str, Any]]:
         raise RolesError(f"Unknown role field(s): {', '.join(extra)}.")
     ps_count = _count(PS, ps, "count", None, 1, MAX_PS)
     mode = ps.get("mode", "async")
-    if mode == "hybrid":
-        raise RolesError(
-            "roles.ps.mode 'hybrid' is not offered by the console yet: its workers' dense DDP group "
-            "would have to re-form, with the dense weights carried over, whenever a worker joins or "
-            "leaves. Use async or sync."
-        )
     if mode not in MODES:
         raise RolesError(f"roles.ps.mode must be one of {', '.join(MODES)}, got {mode!r}.")
     count = _count(WORKER, worker, "count", None, 1, MAX_WORKERS)

@@ -63,7 +63,7 @@ def apply_plan(job: Job, plan: Plan, note: Note | None = None) -> Round | None:
 def _start_round(job: Job, previous: Round | None, plan: Plan) -> Round:
     nodes = Node.objects.in_bulk(plan.node_ids)
     head = nodes[plan.placements[0].node_id]
-    processes = _process_rows(nodes, plan)
+    processes = _process_rows(nodes, plan, hybrid=job.roles.get("ps", {}).get("mode") == "hybrid")
     # A round that already ended (the job waited in the queue since) had its ranks stopped then.
     still_running = previous is not None and previous.ended_at is None
     rnd = Round.objects.create(
@@ -124,9 +124,31 @@ def carry_over_of(plan: Plan, previous: Round | None) -> dict[str, Any]:
     return {"from_round": previous.number, "ranks": {str(old): new for old, new in plan.carry_over}}
 
 
-def _process_rows(nodes: dict[int, Node], plan: Plan) -> dict[int, list[dict[str, Any]]]:
+def dense_group(members: list[tuple[Node, dict[str, Any]]], taken: set[int]) -> None:
+    """Hybrid mode: makes the worker rows ``members`` (each with its node) one dense (DDP) group:
+    ranks by worker index, the store on rank 0's node at a port picked like the PS ports and not
+    in ``taken`` (the ports that node's rows hold)."""
+    if not members:
+        return
+    members = sorted(members, key=lambda member: int(member[1]["index"]))
+    head = members[0][0]
+    master = f"{head.address or head.hostname or '127.0.0.1'}:{_pick_port(head, taken)}"
+    for rank, (_, row) in enumerate(members):
+        row.update(dense_rank=rank, dense_world=len(members), dense_master=master)
+
+
+def ports_of(rows: list[dict[str, Any]]) -> set[int]:
+    """The ports a node's process rows hold (PS, coordinator, dense stores)."""
+    held = {int(row["port"]) for row in rows if "port" in row}
+    return held | {int(row["dense_master"].rpartition(":")[2]) for row in rows if "dense_master" in row}
+
+
+def _process_rows(
+    nodes: dict[int, Node], plan: Plan, hybrid: bool = False
+) -> dict[int, list[dict[str, Any]]]:
     """Each node's parameter-server processes as Allocation.processes stores them, with a port
-    for those that listen (coordinator, PS); {} for an allreduce plan."""
+    for those that listen (coordinator, PS) and, in hybrid mode, the workers' dense group; {} for
+    an allreduce plan."""
     rows: dict[int, list[dict[str, Any]]] = {}
     for place in plan.placements:
         if not place.processes:
@@ -140,6 +162,15 @@ def _process_rows(nodes: dict[int, Node], plan: Plan) -> dict[int, list[dict[str
                 taken.add(row["port"])
             share.append(row)
         rows[place.node_id] = share
+    if hybrid and rows:
+        workers = [
+            (nodes[node_id], row)
+            for node_id, share in rows.items()
+            for row in share
+            if row["role"] == "worker"
+        ]
+        head = min(workers, key=lambda member: int(member[1]["index"]))[0] if workers else None
+        dense_group(workers, ports_of(rows[head.pk]) if head is not None else set())
     return rows
 
 

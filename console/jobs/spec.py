@@ -84,4 +84,8 @@ def _process(row: dict[str, Any]) -> protocol.PsProcess:
     process: protocol.PsProcess = {"role": row["role"], "index": int(row["index"]), "rank": int(row["rank"])}
     if row.get("removed"):
         process["removed"] = True
+    if "dense_rank" in row:
+        process["dense_rank"] = int(row["dense_rank"])
+        process["dense_world"] = int(row["dense_world"])
+        process["dense_master"] = str(row["dense_master"])
     return process

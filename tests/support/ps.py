@@ -13,6 +13,7 @@ import pytest
 from workers.ps.local import LocalPsJob
 
 COUNT_WORKER = str(Path(__file__).resolve().parents[1] / "scripts" / "ps_count_worker.py")
+HYBRID_WORKER = str(Path(__file__).resolve().parents[1] / "scripts" / "ps_hybrid_worker.py")
 
 
 @pytest.fixture

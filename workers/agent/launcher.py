@@ -127,7 +127,8 @@ def ps_env(config: AgentConfig, spec: RoundSpec, local_rank: int) -> dict[str, s
         ps_contract.ENV_ADDRESSES: ",".join(layout["addresses"]),
         ps_contract.ENV_COORDINATOR: layout["coordinator"],
         ps_contract.ENV_MODE: layout["mode"],
-        # The processes of a PS job form no torch.distributed group (hybrid mode is not offered).
+        # The processes of a PS job form no torch.distributed group, but a hybrid job's workers
+        # (below): their dense group, of the workers started together.
         "WORLD_SIZE": "1",
         "LOCAL_WORLD_SIZE": "1",
         "ROLE_NAME": process["role"],
@@ -136,6 +137,16 @@ def ps_env(config: AgentConfig, spec: RoundSpec, local_rank: int) -> dict[str, s
     if not spec["env"].get(ps_contract.ENV_CHECKPOINT_DIR):
         # Per job and host: a PS restarted on this host (a failure round) resumes from it.
         env[ps_contract.ENV_CHECKPOINT_DIR] = str(config.checkpoint_dir(spec["run_id"]) / "ps")
+    if "dense_rank" in process:
+        host, _, port = process["dense_master"].rpartition(":")
+        env.update(
+            {
+                "RANK": str(process["dense_rank"]),
+                "WORLD_SIZE": str(process["dense_world"]),
+                "MASTER_ADDR": host,
+                "MASTER_PORT": port,
+            }
+        )
     if process["role"] == ps_contract.Role.WORKER:
         env[ps_contract.ENV_WORKER_ID] = f"worker-{process['index']}-r{spec['round']}-{config.name}"
     return env

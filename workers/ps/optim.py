@@ -16,7 +16,10 @@ import torch
 
 from workers.ps import ps_pb2
 
-NAMES = ("sgd", "adagrad", "adam")
+NAMES = ("sgd", "adagrad", "adam", "assign")
+# ``assign``: a dense parameter the PS only keeps, set to each value pushed (a hybrid job's dense
+# weights, saved by its first worker so that a new worker round starts from them); not for tables.
+ASSIGN = "assign"
 
 
 class OptimizerError(ValueError):
@@ -43,7 +46,7 @@ class OptimizerConfig:
     @property
     def state_slots(self) -> int:
         """Per-row state tensors, each as wide as the row."""
-        return {"sgd": 0, "adagrad": 1, "adam": 2}[self.name]
+        return {"sgd": 0, "adagrad": 1, "adam": 2, "assign": 0}[self.name]
 
     def initial_state(self, count: int, dim: int) -> list[torch.Tensor]:
         if self.name == "adagrad":
@@ -73,8 +76,8 @@ class OptimizerConfig:
 
     def torch_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """For dense parameters on the PS (and for single-process references in tests)."""
-        if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr)
+        if self.name in ("sgd", ASSIGN):
+            return torch.optim.SGD(params, lr=self.lr)  # assign: unused (DenseParameter.apply)
         if self.name == "adagrad":
             return torch.optim.Adagrad(
                 params, lr=self.lr, eps=self.eps, initial_accumulator_value=self.initial_accumulator

@@ -188,6 +188,13 @@ class PsState:
                     grpc.StatusCode.INVALID_ARGUMENT, f"dense {name!r}: gradient of the wrong shape"
                 )
         contribution = Contribution(key, max(1, examples), tables, dense)
+        if dense and not tables and all(self._dense(name).config.name == "assign" for name, _ in dense):
+            # Saved values (a hybrid job's dense weights): kept as they are, in any mode; not a
+            # training update (no version, no step, no table's Adam count).
+            with self.lock:
+                for name, value in dense:
+                    self.dense[name].apply(value)
+                return ps_pb2.PushReply.APPLIED, self.version
         with self.lock:
             if self.mode is Mode.SYNC:
                 return self._push_sync(worker, contribution, step, step_workers)

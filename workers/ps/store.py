@@ -47,6 +47,8 @@ class TableConfig:
             raise ValueError(f"table {self.name!r}: dim must be at least 1, got {self.dim}")
         if not self.init_std >= 0:
             raise ValueError(f"table {self.name!r}: init_std must be >= 0, got {self.init_std}")
+        if self.optimizer.name == "assign":
+            raise ValueError(f"table {self.name!r}: the assign optimizer is for dense parameters only")
 
 
 @dataclass
@@ -239,6 +241,10 @@ class DenseParameter:
             raise ValueError(
                 f"gradient of shape {tuple(grad.shape)} for a parameter of {tuple(self.value.shape)}"
             )
+        if self.config.name == "assign":
+            with torch.no_grad():
+                self.value.copy_(grad.float())  # a saved value, not a gradient
+            return
         self.value.grad = grad.float()
         self.optimizer.step()
         self.value.grad = None

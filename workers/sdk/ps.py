@@ -20,6 +20,10 @@ PS version minus TRAINYARD_PS_MAX_STALENESS is refused and the batch recomputed)
 and ``hybrid`` (rows asynchronous on the PS; ``dense`` keeps the module local with a torch
 optimizer: wrap it in DistributedDataParallel yourself, over the worker role's process group,
 and iterate inside ``torch.distributed.algorithms.Join`` since workers get uneven shard counts).
+In hybrid mode the PS also keeps a copy of the dense weights: ``dense`` loads it (the first
+worker's initial values, or the weights saved before a new worker round), and the dense group's
+rank 0 saves its weights there every TRAINYARD_PS_DENSE_SAVE_S seconds (default 10) and on
+``close``, so workers that replace the whole group carry on from them, not from a new init.
 
 Each batch is pushed under its (epoch, shard, batch) key, so the PS applies it once even when
 the shard is re-done after a worker died; the shard is completed at the coordinator after its
@@ -29,6 +33,7 @@ SDK's telemetry as ``worker_*`` metrics.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from types import TracebackType
@@ -61,6 +66,7 @@ __all__ = [
 # worker still shows up on the console's job page).
 STATS_EVERY = 20
 STATS_EVERY_S = 5.0
+ENV_DENSE_SAVE_S = "TRAINYARD_PS_DENSE_SAVE_S"
 
 
 def SGD(lr: float) -> OptimizerConfig:
@@ -194,6 +200,8 @@ class Session:
         self._current: Step | None = None
         self._retry: Batch | None = None
         self.step_info: StepInfo | None = None  # synchronous mode: the step of the current batch
+        self.dense_save_every_s = float(os.environ.get(ENV_DENSE_SAVE_S, "10"))
+        self._dense_saved_at = time.monotonic()
         # Statistics.
         self.pushes = 0
         self.examples = 0
@@ -228,6 +236,14 @@ class Session:
         self.dense_names = sorted(self._dense_map)
         if self.mode is Mode.HYBRID:
             self.local_optimizer = optimizer.torch_optimizer(list(named.values()))
+            # The PS keeps the saved copy: the first worker's values, or the last ones saved.
+            keep = OptimizerConfig("assign", lr=0.0)
+            self.client.declare(
+                [], {name: (param.detach().float().cpu(), keep) for name, param in self._dense_map.items()}
+            )
+            _, values, _ = self.client.pull({}, self.dense_names)
+            self._load_dense(values)
+            self._dense_saved_at = time.monotonic()
             return
         self.client.declare(
             [], {name: (param.detach().cpu(), optimizer) for name, param in self._dense_map.items()}
@@ -249,6 +265,25 @@ class Session:
             )
             param.grad = None
         return grads
+
+    @property
+    def saves_dense(self) -> bool:
+        """Whether this worker saves the hybrid dense weights: the dense group's rank 0."""
+        if self.mode is not Mode.HYBRID or self.dense_module is None:
+            return False
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return distributed.get_rank() == 0
+        return os.environ.get("RANK", "0") == "0"
+
+    def save_dense(self) -> None:
+        """Hybrid mode: stores the module's dense weights on the PS (``dense`` of a later worker
+        loads them)."""
+        if self.mode is not Mode.HYBRID or self.dense_module is None:
+            return
+        values = {name: self._dense_map[name].detach().float().cpu().clone() for name in self.dense_names}
+        self.client.push(None, {}, values, {}, 1)
+        self._dense_saved_at = time.monotonic()
 
     def refresh_dense(self) -> None:
         """Loads the PS's current dense values into the module (before an evaluation)."""
@@ -316,6 +351,8 @@ class Session:
             if batch.last_of_shard:
                 self.coordinator.complete(batch.epoch, batch.shard)
         self._window_staleness.extend(outcome.staleness)
+        if self.saves_dense and time.monotonic() - self._dense_saved_at >= self.dense_save_every_s:
+            self.save_dense()
         if self.pushes % STATS_EVERY == 0 or time.monotonic() - self._window_start >= STATS_EVERY_S:
             self.report()
 
@@ -342,10 +379,12 @@ class Session:
         return values
 
     def close(self) -> None:
-        """Reports its last statistics, leaves the coordinator (held shards go back to the queue at
+        """Reports its last statistics, saves the hybrid dense weights (rank 0), leaves the coordinator (held shards go back to the queue at
         once) and closes channels."""
         if self._window_examples or self._window_staleness:
             self.report()
+        if self.saves_dense:
+            self.save_dense()
         self.coordinator.leave()
         self.coordinator.close()
         self.client.close()
