@@ -75,7 +75,7 @@ ENV_CONTROL = protocol.ENV_CONTROL
 DEFAULT_FORM_TIMEOUT = 20.0
 # A collective waits at most this long for a peer: how long a peer lost without a closed
 # connection (a node loss) takes to be noticed. Steps whose ranks drift further apart need more.
-DEFAULT_COLLECTIVE_TIMEOUT = 5.0
+DEFAULT_COLLECTIVE_TIMEOUT = 10.0
 STATE_SUFFIX = ".state"
 
 FORMING = "forming"
