@@ -201,3 +201,16 @@ def test_a_lost_node_leaves_and_the_others_carry_over(decide: Decide, settings: 
     ]
     job.refresh_from_db()
     assert job.restarts == 0 and Round.objects.get(job=job, number=2).reason == RoundReason.NODE_LOSS
+
+
+def test_a_heartbeat_of_the_round_being_carried_over_is_not_stopped_as_a_stray(decide: Decide) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    # a's heartbeat still shows round 1 (the start of round 2, in place from 1, is on its way)
+    old = {**status(job, 1, "pending"), "inplace": None}
+    beat_old = decide(reports.apply_round_statuses, Node.objects.get(name="a"), [old])
+    assert beat_old.to_agents() == []
+    # while a round the job has left behind for good is still stopped
+    decide(actions.resize_job, job.pk, 2, None)
+    stray = decide(reports.apply_round_statuses, Node.objects.get(name="a"), [old])
+    assert stray.to_agents() == [stop(job, 1, "a", 12.0)]
