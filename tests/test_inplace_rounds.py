@@ -9,11 +9,13 @@ from typing import Any
 
 from django.utils import timezone
 
+from console.cluster import registry
 from console.cluster.models import Node
 from console.core.states import JobState, RoundReason
 from console.jobs import actions, reports, scheduler
 from console.jobs.models import Job, Round
 from tests.support.decisions import Decide, failing_exit, make_job, make_node, start, stop
+from tests.test_agent_restart import INFO, LOAD
 from workers import protocol
 
 
@@ -141,3 +143,74 @@ def test_the_job_page_and_api_mark_in_place_rounds_and_how_long_each_change_took
         (2, True, 0.75),
         (1, False, None),
     ]
+
+
+def running_on_three(decide: Decide) -> Job:
+    """A 2:3 SDK job running on a, b and c (round 1)."""
+    for name in "abc":
+        make_node(name)
+    job = inplace_job("2:3")
+    decide(scheduler.tick)
+    return job
+
+
+def test_a_rank_failure_carries_the_survivors_over_and_is_still_charged(
+    decide: Decide, settings: Any
+) -> None:
+    settings.INPLACE_RECOVERY = True
+    job = running_on_three(decide)
+    # When rank 2 on c is SIGKILLed and every host has since shown it is alive
+    decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
+    for name in "abc":
+        registry.heartbeat(name, f"session-{name}", LOAD, [])
+    recovered = decide(scheduler.tick)
+    # Then round 2 keeps ranks 0 and 1 running (nothing stops) and starts only rank 2 afresh on c
+    carry = {"carry_over": {"from_round": 1, "ranks": {"0": 0, "1": 1}}}
+    assert recovered.sent() == [
+        start(job, 2, "a", 0, 3, **carry),
+        start(job, 2, "b", 1, 3, **carry),
+        start(job, 2, "c", 2, 3, **carry),
+    ]
+    assert "in place" in recovered.events[-1].message
+    job.refresh_from_db()
+    assert job.restarts == 1 and Round.objects.get(job=job, number=2).reason == RoundReason.FAILURE
+
+
+def test_a_rank_failure_restarts_afresh_without_in_place_recovery(decide: Decide, settings: Any) -> None:
+    settings.INPLACE_RECOVERY = False
+    job = running_on_three(decide)
+    decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
+    for name in "abc":
+        registry.heartbeat(name, f"session-{name}", LOAD, [])
+    restarted = decide(scheduler.tick)
+    assert [stop(job, 1, name, 0.0) for name in "abc"] == restarted.to_agents()[:3]
+    assert not Round.objects.get(job=job, number=2).inplace
+
+
+def test_a_lost_node_leaves_and_the_others_carry_over(decide: Decide, settings: Any) -> None:
+    settings.INPLACE_RECOVERY = True
+    job = running_on_three(decide)
+    # When b's agent comes back under a new session (its ranks are gone: a node loss)
+    lost = decide(registry.register_node, "b", "session-new", INFO)
+    # Then only b's old round stops and a and c carry over into a world of 2, uncharged
+    carry = {"carry_over": {"from_round": 1, "ranks": {"0": 0, "2": 1}}}
+    assert lost.to_agents()[:3] == [
+        stop(job, 1, "b", 0.0),
+        start(job, 2, "a", 0, 2, **carry),
+        start(job, 2, "c", 1, 2, **carry),
+    ]
+    job.refresh_from_db()
+    assert job.restarts == 0 and Round.objects.get(job=job, number=2).reason == RoundReason.NODE_LOSS
+
+
+def test_a_heartbeat_of_the_round_being_carried_over_is_not_stopped_as_a_stray(decide: Decide) -> None:
+    job = resized_in_place(decide)
+    decide(actions.resize_job, job.pk, 3, None)
+    # a's heartbeat still shows round 1 (the start of round 2, in place from 1, is on its way)
+    old = {**status(job, 1, "pending"), "inplace": None}
+    beat_old = decide(reports.apply_round_statuses, Node.objects.get(name="a"), [old])
+    assert beat_old.to_agents() == []
+    # while a round the job has left behind for good is still stopped
+    decide(actions.resize_job, job.pk, 2, None)
+    stray = decide(reports.apply_round_statuses, Node.objects.get(name="a"), [old])
+    assert stray.to_agents() == [stop(job, 1, "a", 12.0)]

@@ -223,3 +223,70 @@ def test_sigterm_to_every_rank_stops_the_group_between_steps(tmp_path: Path) -> 
     assert [p.returncode for p, _, _ in slots] == [0, 0]
     assert len(ends) == 2 and all(e["stopped"] and not e["left"] for e in ends)
     assert len({e["step"] for e in ends}) == 1
+
+
+def test_survivors_of_a_sigkilled_rank_re_form_in_place_and_redo_the_broken_step(tmp_path: Path) -> None:
+    # Given three ranks training in round 1
+    port = free_port()
+    slots = []
+    for rank in range(3):
+        write_control(tmp_path / f"control-{rank}.json", control(1, rank, 3, port))
+    for rank in range(3):
+        slots.append(start(tmp_path, rank, examples=600, step_sleep=0.05, collective_timeout=3))
+    paths = [record for _, _, record in slots]
+    survivors, (dead, _, dead_record) = slots[:2], slots[2]
+    try:
+        wait_for("the first steps", lambda: max((r.get("step", 0) for r in records(paths)), default=0) >= 6)
+        # When rank 2 is SIGKILLed mid-step (the ranks sleep before their all-reduce)
+        dead.send_signal(signal.SIGKILL)
+        # the survivors notice, wait for a new round, and get one for the two of them
+        wait_for(
+            "the survivors waiting",
+            lambda: all((read_state(c) or {}).get("state") == "waiting" for _, c, _ in survivors),
+            timeout=20,
+        )
+        port = free_port()
+        for rank, (_, control_path, _) in enumerate(survivors):
+            write_control(control_path, control(2, rank, 2, port))
+        for process, _, _ in survivors:
+            process.wait(timeout=60)
+    finally:
+        procs.stop_all()
+
+    # Then the survivors finished the epoch in their own processes
+    assert [p.returncode for p, _, _ in survivors] == [0, 0]
+    ends = {r["pid"]: r for r in records(paths) if r.get("end")}
+    for process, control_path, record in survivors:
+        mine = [r for r in records([record]) if "indices" in r]
+        assert {r["pid"] for r in mine} == {process.pid}
+        assert {r["round"] for r in mine} == {1, 2}
+        assert ends[process.pid]["recoveries"] == 1
+        assert (read_state(control_path) or {}).get("state") == "formed"
+        # the step counter never went back (a redone step repeats its number, once)
+        own = [r["step"] for r in mine]
+        assert own == sorted(own)
+    # Only completed steps count: a survivor's last attempt at each step, and the dead rank's line
+    # for a step whose last attempt was still in round 1 (it took part in that step)
+    final: dict[tuple[int, int], dict[str, Any]] = {}
+    for process, _, record in survivors:
+        for r in records([record]):
+            if "indices" in r:
+                final[(process.pid, r["step"])] = r
+    steps_in_round_1 = {step for (_, step), r in final.items() if r["round"] == 1}
+    dead_lines = [r for r in records([dead_record]) if "indices" in r and r["step"] in steps_in_round_1]
+    redone = {step for (_, step), r in final.items() if r["round"] == 2} & {
+        r["step"] for r in records([dead_record]) if "indices" in r
+    }
+    counted = Counter(i for r in [*final.values(), *dead_lines] for i in r["indices"])
+    assert sorted(counted) == list(range(600)) and set(counted.values()) == {1}
+    # the parameters agree across the survivors at every step of round 2
+    for step in {step for (_, step), r in final.items() if r["round"] == 2}:
+        assert len({final[(p.pid, step)]["checksum"] for p, _, _ in survivors}) == 1
+    # a step broken by the kill (the usual case: the ranks sleep before their all-reduce) is redone
+    # from the parameters it started with: its partial update was undone
+    assert len(redone) <= 1
+    for step in redone:
+        for _, _, record in survivors:
+            attempts = [r for r in records([record]) if r.get("step") == step and "indices" in r]
+            assert [r["round"] for r in attempts] == [1, 2]
+            assert attempts[0]["checksum"] == attempts[1]["checksum"]

@@ -8,9 +8,11 @@ The caller holds decision() and the job's row lock.
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from console.cluster.models import Node
 from console.core.states import RoundOutcome, RoundReason
-from console.jobs.models import Job
+from console.jobs.models import Job, Round
 from console.jobs.planning import Plan, Snapshot, plan_round
 from console.jobs.rounds import Note, apply_plan
 from console.jobs.snapshot import snapshot
@@ -44,11 +46,25 @@ def change_membership(
         previous_running=current is not None
         and current.ended_at is None
         and (not current.inplace or current.formed_at is not None),
+        failed_ranks=failed_ranks(current),
+        recover_in_place=settings.INPLACE_RECOVERY,
     )
     if plan is None:
         return None
     apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
     return plan
+
+
+def failed_ranks(current: Round | None) -> tuple[int, ...]:
+    """The current round's failed global ranks (its first failure's rank; any others it reported)."""
+    if current is None:
+        return ()
+    ranks = {int(current.failure["rank"])} if current.failure and "rank" in current.failure else set()
+    for alloc in current.allocations.all():
+        for exit in alloc.exit_info.get("exits", []):
+            if exit.get("exit_code") not in (0, None) or exit.get("signal"):
+                ranks.add(int(exit["rank"]))
+    return tuple(sorted(ranks))
 
 
 def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str) -> Note | None:

@@ -292,16 +292,25 @@ def plan_round(
     target: int | None = None,
     previous_failed: bool = False,
     previous_running: bool = True,
+    failed_ranks: Sequence[int] = (),
+    recover_in_place: bool = False,
 ) -> Plan | None:
     """The plan for ``reason``, or None when the job's membership should stay as it is.
 
     ``previous_failed``: a rank of the current round failed, so it is broken like a lost node's.
     ``previous_running``: the current round's ranks still run (an in-place round needs them).
+    ``failed_ranks``: the global ranks of the current round that failed (a FAILURE).
+    ``recover_in_place``: a rank failure or node loss of an in-place job keeps the survivors
+    running (settings.INPLACE_RECOVERY); see :func:`recovery_in_place`.
     """
     chosen = choose(snap, reason, leaving=leaving, target=target)
     if chosen is None:
         return None
     members = order_members(snap.job.members, chosen)
+    if recover_in_place and members and previous_running:
+        recovered = recovery_in_place(snap, reason, members, failed_ranks)
+        if recovered is not None:
+            return recovered
     broken = previous_failed or reason.breaks_previous
     kept = {n.id for n in members}
     if not members or broken:
@@ -317,6 +326,31 @@ def plan_round(
         carry_over=carried(snap.job, members)
         if snap.job.inplace and reason.may_be_inplace and previous_running and not broken
         else (),
+    )
+
+
+def recovery_in_place(
+    snap: Snapshot, reason: RoundReason, members: Sequence[NodeView], failed_ranks: Sequence[int]
+) -> Plan | None:
+    """A rank failure or node loss of an in-place job: the ranks still alive carry over (the SDK
+    survives a broken collective and waits for this round) and only the dead ranks start afresh
+    on the nodes that stay; a lost node's ranks all leave (it is stopped at once). A failure is
+    still charged. None when nothing survives (the restart path then applies)."""
+    job = snap.job
+    if not job.inplace or reason not in (RoundReason.FAILURE, RoundReason.NODE_LOSS):
+        return None
+    dead = set(failed_ranks)
+    carry = tuple((old, new) for old, new in carried(job, members) if old not in dead)
+    if not carry:
+        return None
+    kept = {n.id for n in members}
+    return Plan(
+        reason=reason,
+        placements=with_processes(job, assign_gpus(job, members)),
+        stop=tuple(pk for pk in job.members if pk not in kept),
+        stop_at_once=True,
+        charged=reason.charged,
+        carry_over=carry,
     )
 
 

@@ -166,8 +166,23 @@ def _stop_if_stray(node: Node, job_id: int, number: int) -> None:
         and job.round_number == number
         and Allocation.objects.filter(round__job=job, round__number=number, node=node).exists()
     )
+    if not live and job is not None and job.job_state.is_active and _carried_over(job, number, node):
+        return  # its ranks carry over into the current round, whose start may still be on its way
     if not live:
         send_stop(node, job_id, number, job.grace_period if job else 5.0)
+
+
+def _carried_over(job: Job, number: int, node: Node) -> bool:
+    """The job's current round is in place from round ``number`` and keeps ``node``."""
+    current = (
+        Round.objects.filter(job=job, number=job.round_number).values_list("carry_over", flat=True).first()
+    )
+    if not current:
+        return False
+    return (
+        int(current.get("from_round", -1)) == number
+        and Allocation.objects.filter(round__job=job, round__number=job.round_number, node=node).exists()
+    )
 
 
 def _resend_start_if_lost(node: Node, job: Job, rnd: Round, alloc: Allocation) -> None:

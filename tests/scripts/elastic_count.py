@@ -55,6 +55,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--form-timeout", type=float, default=20.0)
+    parser.add_argument("--collective-timeout", type=float, default=5.0)
     parser.add_argument("--fast-file", default="", help="no more --step-sleep once this file exists")
     args = parser.parse_args()
 
@@ -74,7 +75,9 @@ def train(
     record: TextIO,
 ) -> int:
     try:
-        with elastic(model, optimizer, form_timeout=args.form_timeout) as run:
+        with elastic(
+            model, optimizer, form_timeout=args.form_timeout, collective_timeout=args.collective_timeout
+        ) as run:
             for batch in run.batches(data, batch_size=args.batch_size, epochs=args.epochs):
                 indices = [] if batch is None else [int(i) for i in batch["index"]]
                 line = {
@@ -89,19 +92,26 @@ def train(
                     "t": time.time(),
                 }
                 record.write(json.dumps(line) + "\n")
+                if not (args.fast_file and os.path.exists(args.fast_file)):
+                    time.sleep(args.step_sleep)  # before the step's all-reduce: a peer killed now breaks it
                 x = batch["x"] if batch is not None else torch.zeros(0, FEATURES)
                 loss = run.model(x).pow(2).sum()
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-                if not (args.fast_file and os.path.exists(args.fast_file)):
-                    time.sleep(args.step_sleep)
     except ElasticError as error:
         print(f"elastic: {error}", file=sys.stderr)
         return 3
     record.write(
         json.dumps(
-            {"pid": os.getpid(), "end": True, "left": run.left, "stopped": run.stopped, "step": run.step}
+            {
+                "pid": os.getpid(),
+                "end": True,
+                "left": run.left,
+                "stopped": run.stopped,
+                "step": run.step,
+                "recoveries": run.recoveries,
+            }
         )
         + "\n"
     )

@@ -179,7 +179,8 @@ def assert_resumes_from_checkpoints(records: list[dict[str, Any]], *, every: int
 
 
 @pytest.fixture
-def cluster(transactional_db: None, tmp_path: Path) -> Iterator[Cluster]:
+def cluster(transactional_db: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A controller and agents; a test module's CONTROLLER_ENV adds to the controller's settings."""
     url = settings.REDIS_URL
     redis.Redis.from_url(url).flushdb()
     operator = User.objects.create_user("e2e-operator", password="pw-e2e-1")
@@ -193,6 +194,7 @@ def cluster(transactional_db: None, tmp_path: Path) -> Iterator[Cluster]:
         # Generous on a loaded 2-core machine: a busy agent must not look lost.
         TRAINYARD_HEARTBEAT_MISSES="5",
         TRAINYARD_CONTROLLER_TICK="0.5",
+        **getattr(request.module, "CONTROLLER_ENV", {}),
     )
     agents = AgentProcs(tmp_path, url, token=settings.NODE_TOKEN)
     controller.start()

@@ -27,12 +27,20 @@ and every step splits the next ``world_size * batch_size`` examples by rank, so 
 the remainder is re-split over the new world and no example is skipped or repeated.
 
 The SDK writes its state next to the control file (``<control>.state``, JSON:
-``state`` = forming|formed|failed|left, ``round``, ``step``, ``pid``, ``reason``) so the agent can
+``state`` = forming|formed|failed|left|waiting, ``round``, ``step``, ``pid``, ``reason``) so the agent can
 report it. When forming does not finish within ``form_timeout`` seconds the state is ``failed``
 and :class:`ElasticError` is raised: the process exits and the controller falls back to a restart.
 
-A collective that fails inside a step (a peer was SIGKILLed mid-step) raises out of the user's
-code; ``__exit__`` records ``failed`` with the error, and the restart path takes over.
+A collective that fails because a peer died (gloo raises on the closed connection; a peer that
+vanished without closing it shows up when the group's ``collective_timeout`` expires) does not end
+the survivors. DDP's gradient all-reduce goes through a hook that records the failure instead of
+raising, and the step-boundary all-reduce is guarded the same way; at the boundary the SDK puts
+model and optimizer back to where they were before the step (a copy taken at every step: the
+step's partial gradient is discarded), writes state ``waiting`` and waits up to ``form_timeout``
+for a newer round in the control file, then re-forms as for a resize and the step is redone over
+the new world. Without a newer round in time it reports ``failed`` and raises
+:class:`ElasticError` (the restart path takes over). Collectives the user's step calls itself are
+not guarded: they raise out of the step and end the process as before.
 
 Without ``TRAINYARD_CONTROL`` (plain ``torchrun`` or ``python``) the round comes from the usual
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables and never changes.
@@ -44,6 +52,7 @@ moved to that device for the broadcast. Both go through the same :meth:`ElasticR
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import json
@@ -64,13 +73,17 @@ from workers.sdk.stop import install_stop_handler, stop_requested
 
 ENV_CONTROL = protocol.ENV_CONTROL
 DEFAULT_FORM_TIMEOUT = 20.0
+# A collective waits at most this long for a peer: how long a peer lost without a closed
+# connection (a node loss) takes to be noticed. Steps whose ranks drift further apart need more.
+DEFAULT_COLLECTIVE_TIMEOUT = 10.0
 STATE_SUFFIX = ".state"
 
 FORMING = "forming"
 FORMED = "formed"
 FAILED = "failed"
 LEFT = "left"
-STATES = (FORMING, FORMED, FAILED, LEFT)
+WAITING = "waiting"  # a peer died mid-step: the survivor waits for the next round
+STATES = (FORMING, FORMED, FAILED, LEFT, WAITING)
 
 
 class ElasticError(RuntimeError):
@@ -201,6 +214,7 @@ class ElasticRun:
         control_path: str | os.PathLike[str] | None = None,
         device: torch.device | str | None = None,
         form_timeout: float = DEFAULT_FORM_TIMEOUT,
+        collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT,
         seed: int = 0,
         wrap_ddp: bool = True,
     ) -> None:
@@ -214,6 +228,7 @@ class ElasticRun:
         path = control_path if control_path is not None else os.environ.get(ENV_CONTROL)
         self.control_path = Path(path) if path else None
         self.form_timeout = form_timeout
+        self.collective_timeout = collective_timeout
         self.seed = seed
         self.wrap_ddp = wrap_ddp
         self._device_arg = torch.device(device) if device is not None else None
@@ -239,6 +254,10 @@ class ElasticRun:
         # Whether this process holds training state worth keeping (a survivor) or needs it (a
         # newcomer). False until the first formed round; a fresh start takes rank 0's init.
         self._has_state = False
+        # A collective of the current step failed (a peer died): the error, until recovered.
+        self.broken: str | None = None
+        self._before_step: dict[str, Any] | None = None
+        self.recoveries = 0  # rounds re-formed after a peer died mid-step
 
     # ---- the public surface -------------------------------------------------------------
     @property
@@ -291,7 +310,12 @@ class ElasticRun:
                     self.position, size - self.position, self.world_size, self.rank, batch_size
                 )
                 taken = min(size - self.position, self.world_size * batch_size)
+                self._keep_before_step()
                 yield collate([dataset[int(i)] for i in order[start:end]]) if end > start else None
+                if self.broken is not None:
+                    if not self._recover():
+                        return
+                    continue  # the step is redone over the new world
                 self.position += taken
                 self.step += 1
                 if not self.boundary():
@@ -303,7 +327,12 @@ class ElasticRun:
         """Yields step numbers from ``self.step + 1`` to ``total``; between two steps (a step
         boundary) follows round changes. For loops whose data is a function of (step, rank)."""
         while self.step < total:
+            self._keep_before_step()
             yield self.step + 1
+            if self.broken is not None:
+                if not self._recover():
+                    return
+                continue
             self.step += 1
             if self.step < total and not self.boundary():
                 return
@@ -330,7 +359,14 @@ class ElasticRun:
         target, all_stopping, all_ready = local, stopping, ready
         if self.world_size > 1:
             flags = torch.tensor([local, -int(stopping), -int(ready)], dtype=torch.int64, device=self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            try:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            except RuntimeError as error:  # a peer died after the step's own collectives
+                if not self._recoverable():
+                    raise
+                self.broken = f"{type(error).__name__}: {error}"[:500]
+                self._before_step = None  # the step itself completed everywhere: keep it
+                return self._recover()
             target = int(flags[0].item())
             all_stopping, all_ready = int(flags[1].item()) < 0, int(flags[2].item()) < 0
         if target <= self.round:
@@ -353,6 +389,87 @@ class ElasticRun:
         control, store, self._next, self._next_store = self._next, self._next_store, None, None
         self._form(control, store)
         return not self.left
+
+    # ---- a peer died mid-step ------------------------------------------------------------
+    def _recoverable(self) -> bool:
+        """Only a rank that can be told a new round (a control file) waits for one."""
+        return self.control_path is not None and self.world_size > 1
+
+    def _keep_before_step(self) -> None:
+        """A copy of model and optimizer before the step, to put back if the step's collectives fail."""
+        if not self._recoverable():
+            self._before_step = None
+            return
+        self._before_step = {
+            "model": {key: value.detach().clone() for key, value in self.module.state_dict().items()},
+            "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in self.optimizers],
+        }
+
+    def _mark_broken(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = f"{type(error).__name__}: {error}"[:500]
+
+    def _recover(self) -> bool:
+        """After a failed collective: undo the step, wait for the next round, re-form in it.
+        False when this rank leaves in that round."""
+        reason = self.broken or "a collective failed"
+        if self._before_step is not None:
+            self.module.load_state_dict(self._before_step["model"])
+            for optimizer, saved in zip(self.optimizers, self._before_step["optimizers"], strict=True):
+                optimizer.load_state_dict(saved)
+                optimizer.zero_grad()
+        self._before_step = None
+        self._ddp = None
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        self._report(WAITING, reason=reason)
+        control = self._read_control(wait_for_round=self.round + 1)
+        self._next, self._next_store = None, None
+        store = None
+        if not control.leaves and control.joiners > 0 and control.world_size > 1:
+            store = self._wait_for_joiners(control)
+        self.broken = None
+        self.recoveries += 1
+        self._form(control, store)
+        return not self.left
+
+    def _wait_for_joiners(self, control: Control) -> dist.TCPStore:
+        """Survivors hold back until the round's newcomers checked in (they are still starting)."""
+        try:
+            store = self._open_store(control)
+            deadline = time.monotonic() + self.form_timeout
+            while store.add(self._round_key(control, "joined"), 0) < control.joiners:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{control.joiners} newcomer(s) did not check in")
+                time.sleep(0.01)
+        except Exception as error:
+            reason = f"round {control.round}: {type(error).__name__}: {error}"[:500]
+            self._report(FAILED, reason=reason, round_no=control.round)
+            raise ElasticError(reason) from error
+        return store
+
+    def _guarded_allreduce(self, _state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's gradient all-reduce, except that a failure is recorded instead of raised."""
+        tensor = bucket.buffer()
+        if self.broken is not None:
+            return completed(tensor)
+        tensor.div_(self.world_size)
+        try:
+            work = dist.all_reduce(tensor, async_op=True)
+        except RuntimeError as error:
+            self._mark_broken(error)
+            return completed(tensor)
+        assert work is not None
+
+        def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            try:
+                return future.value()[0]
+            except Exception as error:  # gloo reports a dead peer as a RuntimeError
+                self._mark_broken(error)
+                return tensor
+
+        return work.get_future().then(done)
 
     def _waiting_since(self, target: int) -> float:
         if self._wait_target != target:
@@ -469,12 +586,13 @@ class ElasticRun:
                     store.add(self._round_key(control, "joined"), 1)  # a joiner checks in
                 # Keys are per round so a store left over from the last round cannot mix in.
                 prefixed = dist.PrefixStore(f"trainyard/{control.job_id}/{control.round}", store)
+                self._gather(prefixed, control)
                 dist.init_process_group(
                     backend_for(self.device),
                     store=prefixed,
                     rank=control.rank,
                     world_size=control.world_size,
-                    timeout=datetime.timedelta(seconds=self.form_timeout),
+                    timeout=datetime.timedelta(seconds=self.collective_timeout),
                 )
                 self._sync_state()
         except ElasticError:
@@ -488,10 +606,25 @@ class ElasticRun:
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+            if self._recoverable():
+                # a lambda: DDP checks the hook's annotations, which are strings in this module
+                self._ddp.register_comm_hook(
+                    None, lambda state, bucket: self._guarded_allreduce(state, bucket)
+                )
         self._has_state = True
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
         self._report(FORMED)
+
+    def _gather(self, store: dist.Store, control: Control) -> None:
+        """Waits (up to form_timeout) until every rank of the round reached its store, so that the
+        group itself, whose timeout is the short collective_timeout, forms without waiting."""
+        store.add("arrived", 1)
+        deadline = time.monotonic() + self.form_timeout
+        while store.add("arrived", 0) < control.world_size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"round {control.round}: not every rank reached the store")
+            time.sleep(0.005)
 
     def _leave(self) -> None:
         self._ddp = None
@@ -515,7 +648,8 @@ class ElasticRun:
         steps = {step for has, step in everyone if has}
         if holders and len(holders) == self.world_size and len(steps) == 1:
             return  # everyone was already in step together (a pure scale-down)
-        source = holders[0] if holders else 0
+        # the survivor furthest on (after a peer died at a boundary, some may have one more step)
+        source = max(holders, key=lambda rank: (everyone[rank][1], -rank)) if holders else 0
         payload: list[Any] = [None]
         if self.rank == source:
             payload[0] = self.snapshot()
@@ -544,6 +678,12 @@ class ElasticRun:
         self.position = int(state["position"])
 
 
+def completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
 def round_seconds(value: float) -> float:
     return float(f"{value:.4f}")
 
@@ -555,6 +695,7 @@ def elastic(
     control_path: str | os.PathLike[str] | None = None,
     device: torch.device | str | None = None,
     form_timeout: float = DEFAULT_FORM_TIMEOUT,
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT,
     seed: int = 0,
     wrap_ddp: bool = True,
 ) -> ElasticRun:
@@ -565,6 +706,7 @@ def elastic(
         control_path=control_path,
         device=device,
         form_timeout=form_timeout,
+        collective_timeout=collective_timeout,
         seed=seed,
         wrap_ddp=wrap_ddp,
     )
