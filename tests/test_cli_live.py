@@ -12,25 +12,21 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 
-from console.cluster.models import Node
 from console.jobs.bundles import bundle_path
 from console.jobs.models import Allocation, Job
 from tests.support.agents import AgentProcs
-from tests.support.controller import REPO, Controller, service_env, wait_for
+from tests.support.controller import wait_for
+from tests.support.live import LiveConsole
 from workers.cli.live import LiveUnavailable, follow_job, socket_url
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
-HEARTBEAT = 1.0
 PASSWORD = "pw-cli-live-1"
 TRAIN = """\
 import time
@@ -47,48 +43,10 @@ while True:
 
 
 @pytest.fixture
-def agents(console_url: str, tmp_path: Path) -> Iterator[AgentProcs]:
-    """A controller (bundle URLs point at console_url), an ingest process and two agents."""
-    url = settings.REDIS_URL
-    redis.Redis.from_url(url).flushdb()
-    controller = Controller(
-        url,
-        tmp_path / "controller",
-        TRAINYARD_HEARTBEAT_INTERVAL=str(HEARTBEAT),
-        TRAINYARD_HEARTBEAT_MISSES="5",
-        TRAINYARD_CONTROLLER_TICK="0.5",
-        TRAINYARD_PUBLIC_URL=console_url,
-    )
-    ingest_log = (tmp_path / "ingest.log").open("wb")
-    ingest = subprocess.Popen(
-        [sys.executable, "manage.py", "ingest", "--consumer", "cli-live"],
-        cwd=REPO,
-        env=service_env(url, tmp_path / "ingest"),
-        stdout=ingest_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    procs = AgentProcs(tmp_path, url, token=settings.NODE_TOKEN, warm_pool=0)
-    controller.start()
-    try:
-        for name in ("cli-a", "cli-b"):
-            procs.start(name, heartbeat=HEARTBEAT)
-        wait_for(
-            lambda: Node.objects.filter(state="ONLINE").count() == 2, timeout=60, message="agents to register"
-        )
-        yield procs
-    finally:
-        procs.cleanup()
-        controller.stop()
-        controller.kill()
-        os.killpg(ingest.pid, signal.SIGTERM)
-        try:
-            ingest.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(ingest.pid, signal.SIGKILL)
-            ingest.wait()
-        ingest_log.close()
-        redis.Redis.from_url(url).flushdb()
+def agents(live_console: LiveConsole) -> AgentProcs:
+    """The live console's controller (bundle URLs point at it) and ingest, and two agents."""
+    live_console.start_agents("cli-a", "cli-b")
+    return live_console.agents
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
