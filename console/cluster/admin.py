@@ -125,16 +125,7 @@ class JoinTokenAdmin(admin.ModelAdmin):
         "used_by",
     )
     search_fields = ("name", "prefix", "node_name", "used_by")
-    readonly_fields = (
-        "name",
-        "prefix",
-        "node_name",
-        "created_by",
-        "created_at",
-        "expires_at",
-        "used_at",
-        "used_by",
-    )
+    readonly_fields = list_display
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         if obj is None:

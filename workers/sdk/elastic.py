@@ -688,25 +688,5 @@ def round_seconds(value: float) -> float:
     return float(f"{value:.4f}")
 
 
-def elastic(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
-    *,
-    control_path: str | os.PathLike[str] | None = None,
-    device: torch.device | str | None = None,
-    form_timeout: float = DEFAULT_FORM_TIMEOUT,
-    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT,
-    seed: int = 0,
-    wrap_ddp: bool = True,
-) -> ElasticRun:
-    """``with sdk.elastic(model, optimizer) as run:`` — see the module docstring."""
-    return ElasticRun(
-        model,
-        optimizer,
-        control_path=control_path,
-        device=device,
-        form_timeout=form_timeout,
-        collective_timeout=collective_timeout,
-        seed=seed,
-        wrap_ddp=wrap_ddp,
-    )
+# ``with sdk.elastic(model, optimizer) as run:`` (see the module docstring): the run is the context.
+elastic = ElasticRun
