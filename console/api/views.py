@@ -63,12 +63,17 @@ class NewTokenSerializer(TokenSerializer):
         fields = [*TokenSerializer.Meta.fields, "token"]
 
 
-class TokenRequestSerializer(serializers.Serializer):
-    name = serializers.RegexField(
+def token_name_field() -> serializers.RegexField:
+    """The name a person gives a token (an API token, a node join token)."""
+    return serializers.RegexField(
         r"^[\w.\- ]{1,64}$",
         max_length=64,
         error_messages={"invalid": "Use 1-64 letters, digits, spaces, '.', '-' or '_'."},
     )
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    name = token_name_field()
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ALL_SCOPES),
         required=False,

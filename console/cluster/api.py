@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from console.api import lockout
 from console.api.models import ApiToken, Scope
+from console.api.views import token_name_field
 from console.cluster import actions, tokens
 from console.cluster.models import Gpu, JoinToken, Node
 from console.core.models import AuditEntry
@@ -113,11 +114,7 @@ class NewJoinTokenSerializer(JoinTokenSerializer):
 
 
 class JoinTokenRequestSerializer(serializers.Serializer):
-    name = serializers.RegexField(
-        r"^[\w.\- ]{1,64}$",
-        max_length=64,
-        error_messages={"invalid": "Use 1-64 letters, digits, spaces, '.', '-' or '_'."},
-    )
+    name = token_name_field()
     node_name = serializers.SlugField(
         max_length=64, required=False, allow_blank=True, help_text="Only this node may enrol with it."
     )
