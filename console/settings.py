@@ -195,8 +195,9 @@ CONTROLLER_TICK = envfloat("TRAINYARD_CONTROLLER_TICK", 1.0)
 # An in-place round (console/jobs/inplace.py) not re-formed within this many seconds restarts.
 INPLACE_FORM_TIMEOUT = envfloat("TRAINYARD_INPLACE_FORM_TIMEOUT", 20.0)
 # A rank failure or node loss of an in-place job plans an in-place round (the survivors carry
-# over; planning.recovery_in_place). Off until the agent keeps a failed rank's local peers alive.
-INPLACE_RECOVERY = envbool("TRAINYARD_INPLACE_RECOVERY", False)
+# over; planning.recovery_in_place): agents keep a failed rank's local peers running (the
+# RoundSpec's recover_in_place). The fallback round stays the bound on a recovery that stalls.
+INPLACE_RECOVERY = envbool("TRAINYARD_INPLACE_RECOVERY", True)
 
 # Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are deleted and only
 # their 100-step rollups (min/max/mean/count) stay; log lines older than LOG_RETENTION_DAYS are

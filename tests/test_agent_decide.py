@@ -137,6 +137,39 @@ def test_a_failed_rank_fails_the_round_and_other_exits_seen_with_it_are_reported
     ]
 
 
+def test_a_round_recovered_in_place_keeps_the_failed_ranks_local_peers_running() -> None:
+    r0, r1 = rank(0), rank(1)
+    local = round_in(S.RUNNING, r0, r1)
+    local.spec["recover_in_place"] = True
+    # the failure is reported; r1 is not signalled (its SDK waits for the controller's next round)
+    assert tick(local, RankSeen(r0, ended(r0, -9)), RankSeen(r1)) == [
+        Reap(r0, ended(r0, -9), RankState.FAILED),
+        ReportExit(ended(r0, -9).exit, failed=True),
+    ]
+    r0.state = RankState.FAILED
+    assert tick(local, RankSeen(r1)) == []
+    # no next round came and the peer ended too: the host's round failed
+    assert tick(local, RankSeen(r1, ended(r1, 0))) == [
+        Reap(r1, ended(r1, 0), RankState.SUCCEEDED),
+        ReportExit(ended(r1, 0).exit, failed=False),
+        Move(S.FAILING),
+        End(S.FAILED),
+    ]
+
+
+def test_a_round_recovered_in_place_whose_only_rank_fails_ends_failed() -> None:
+    r0 = rank(0)
+    local = round_in(S.RUNNING, r0)
+    local.spec["recover_in_place"] = True
+    assert tick(local, RankSeen(r0, ended(r0, 1))) == [
+        Reap(r0, ended(r0, 1), RankState.FAILED),
+        ReportExit(ended(r0, 1).exit, failed=True),
+        Move(S.FAILING),
+        SetDeadline(NOW + GRACE),
+        End(S.FAILED),
+    ]
+
+
 def test_failures_seen_in_one_look_are_reported_root_cause_first() -> None:
     # Rank 1 raised; rank 0's collective broke a moment later; both are seen in the same look.
     r0, r1 = rank(0), rank(1)

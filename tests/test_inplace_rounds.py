@@ -176,6 +176,29 @@ def test_a_rank_failure_carries_the_survivors_over_and_is_still_charged(
     assert job.restarts == 1 and Round.objects.get(job=job, number=2).reason == RoundReason.FAILURE
 
 
+def test_hosts_whose_ranks_wait_in_place_are_proof_of_life_and_the_failure_settles_at_once(
+    decide: Decide, settings: Any
+) -> None:
+    settings.INPLACE_RECOVERY = True
+    job = running_on_three(decide)
+    # When rank 2 on c is SIGKILLed, a and b have not heartbeated since (a tick settles nothing)
+    decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
+    assert Round.objects.get(job=job, number=1).awaiting_settlement
+    assert not decide(scheduler.tick).sent()
+    # a's ranks report they wait for the next round: not yet, b is still unheard of
+    assert not beat(decide, job, 1, "a", protocol.INPLACE_WAITING).sent()
+    # Then b's waiting report settles the failure in that same decision: round 2, in place
+    settled = beat(decide, job, 1, "b", protocol.INPLACE_WAITING)
+    carry = {"carry_over": {"from_round": 1, "ranks": {"0": 0, "1": 1}}}
+    assert settled.sent() == [
+        start(job, 2, "a", 0, 3, **carry),
+        start(job, 2, "b", 1, 3, **carry),
+        start(job, 2, "c", 2, 3, **carry),
+    ]
+    job.refresh_from_db()
+    assert job.round_number == 2 and job.restarts == 1
+
+
 def test_a_rank_failure_restarts_afresh_without_in_place_recovery(decide: Decide, settings: Any) -> None:
     settings.INPLACE_RECOVERY = False
     job = running_on_three(decide)

@@ -161,6 +161,9 @@ class RoundSpec(TypedDict):
     ps: NotRequired[PsRound]
     # In-place rounds only (the job's script uses sdk.elastic): survivors keep their processes.
     carry_over: NotRequired[CarryOver]
+    # In-place jobs whose rank failures the controller recovers in place: a failed rank does not
+    # stop the host's other ranks (their SDK waits for the next round, which carries them over).
+    recover_in_place: NotRequired[bool]
 
 
 class GpuInfo(TypedDict):
@@ -208,7 +211,9 @@ class RoundStatus(TypedDict):
     last_step: int | None  # latest step any local rank logged in this round
     first_step_at: float | None  # unix time of the first step logged in this round
     # In-place rounds only, from the SDK's state files: "pending" until every local rank has
-    # re-formed at this round ("formed"), "failed" when one could not (the controller restarts).
+    # re-formed at this round ("formed"), "failed" when one could not (the controller restarts),
+    # "waiting" when a local rank saw a peer fail mid-step and waits for the next round (the
+    # host is alive since that failure: failures.settle_failure counts it as proof of life).
     inplace: NotRequired[str]
     inplace_reason: NotRequired[str]
     inplace_formed_at: NotRequired[float]  # unix time the host's last rank formed the round
@@ -256,3 +261,4 @@ ENV_CONTROL = "TRAINYARD_CONTROL"
 INPLACE_PENDING = "pending"
 INPLACE_FORMED = "formed"
 INPLACE_FAILED = "failed"
+INPLACE_WAITING = "waiting"

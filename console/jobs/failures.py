@@ -2,7 +2,8 @@
 
 A round's first rank failure is recorded (Round.outcome FAILED, awaiting settlement). It is
 settled, charged against max_restarts, only once every host of the round has shown it is alive
-since the failure: peers of a dead host fail in their collectives long before its heartbeats
+since the failure (a report or heartbeat after it, or, for a round recovered in place, a heartbeat
+saying its ranks wait for the next round: they saw the failure's broken collective): peers of a dead host fail in their collectives long before its heartbeats
 are missed, and a host that never answers is declared LOST (or re-registers after an agent
 restart), whose node-loss round replaces this one uncharged. Past max_restarts the job FAILS
 with the first failing rank as its root cause.
@@ -84,8 +85,12 @@ def settle_failure(job: Job, rnd: Round) -> None:
     assert rnd.failed_at is not None
     failed_at = rnd.failed_at
     alive_states = (NodeState.ONLINE, NodeState.DRAINING, NodeState.DRAINED)
+    # A host whose in-place ranks report waiting saw the failure's broken collective and lives.
+    waiting = set(rnd.allocations.filter(inplace=protocol.INPLACE_WAITING).values_list("node_id", flat=True))
     if any(
-        n.state in alive_states and (n.last_heartbeat is None or n.last_heartbeat < failed_at)
+        n.state in alive_states
+        and n.pk not in waiting
+        and (n.last_heartbeat is None or n.last_heartbeat < failed_at)
         for n in members(rnd)
     ):
         return  # a host has not shown it is alive since the failure: it may be the cause

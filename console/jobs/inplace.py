@@ -39,6 +39,12 @@ def record_status(job: Job, alloc: Allocation, status: protocol.RoundStatus) -> 
     Returns True when the round was replaced by a fallback."""
     rnd = alloc.round
     reported = status.get("inplace")
+    if reported == protocol.INPLACE_WAITING and alloc.inplace != reported:
+        # A rank here saw a peer fail and waits for the next round: the host is alive since the
+        # failure (failures.settle_failure takes this as its proof of life).
+        alloc.inplace = reported
+        alloc.save(update_fields=["inplace"])
+        return False
     if not forming(rnd) or reported is None:
         return False
     if reported == protocol.INPLACE_FAILED:

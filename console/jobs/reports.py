@@ -19,7 +19,7 @@ from console.core.decision import decision
 from console.core.states import AllocationState, JobState
 from console.core.transport import send_on_commit
 from console.jobs import inplace
-from console.jobs.failures import failed, record_failure
+from console.jobs.failures import failed, record_failure, settle_failure
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.parameter_server import is_worker_exit, worker_exited
 from console.jobs.rounds import finish_job, send_stop
@@ -204,6 +204,10 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
             return
         if inplace.record_status(job, alloc, status):
             return  # it did not form: a fallback round replaced it
+        if alloc.round.awaiting_settlement and status.get("inplace") == protocol.INPLACE_WAITING:
+            settle_failure(job, alloc.round)  # this host's ranks wait: its proof of life
+            if job.round_number != number:
+                return  # the failure was settled: a new round replaced this one
         if state in (RoundState.RUNNING, RoundState.STARTING) and alloc.state == AllocationState.ASSIGNED:
             alloc.set_state(AllocationState.RUNNING)
             alloc.save(update_fields=["state"])

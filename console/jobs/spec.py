@@ -51,6 +51,8 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
             "from_round": int(rnd.carry_over["from_round"]),
             "ranks": {str(old): int(new) for old, new in rnd.carry_over["ranks"].items()},
         }
+    if job.inplace and settings.INPLACE_RECOVERY and not job.is_parameter_server:
+        spec["recover_in_place"] = True
     if job.is_parameter_server and alloc.processes:
         spec["nproc_per_node"] = len(alloc.processes)
         spec["ps"] = ps_round(job, rnd, alloc)

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
@@ -162,6 +163,8 @@ def start_spec(job: Job, number: int, node_rank: int, nnodes: int, **overrides: 
         "max_restarts": job.max_restarts,
         "grace_period": 12.0,
     }
+    if job.inplace and settings.INPLACE_RECOVERY:
+        spec["recover_in_place"] = True  # the agent keeps a failed rank's local peers running
     spec.update(overrides)
     return spec
 

@@ -182,11 +182,12 @@ class RoundActor:
         if old.number != spec["carry_over"]["from_round"]:
             return None
         first = spec["node_rank"] * spec["nproc_per_node"]
-        moves = [(rank, carried.get(rank.rank, -1)) for rank in old.ranks]
-        if not moves or any(
-            rank.state is not RankState.RUNNING or not first <= new < first + spec["nproc_per_node"]
-            for rank, new in moves
-        ):
+        # A rank that ended here (a failure recovered in place) is replaced, not carried.
+        ended = [rank for rank in old.ranks if rank.state is not RankState.RUNNING]
+        if any(rank.rank in carried for rank in ended):
+            return None
+        moves = [(rank, carried.get(rank.rank, -1)) for rank in old.ranks if rank.state is RankState.RUNNING]
+        if not moves or any(not first <= new < first + spec["nproc_per_node"] for _, new in moves):
             return None
         local = LocalRound(spec=spec, state=LocalState.RUNNING)
         for rank, new in moves:

@@ -90,15 +90,25 @@ class Heartbeat(threading.Thread):
         self._control = control
         self._supervisor = supervisor
         self._stopping = threading.Event()
+        self._wake = threading.Event()
 
     def run(self) -> None:
-        while not self._stopping.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
             self._control.send(
                 protocol.CONTROL_HEARTBEAT, load=node_load(), rounds=self._supervisor.statuses()
             )
 
+    def poke(self) -> None:
+        """Send the next heartbeat now (news the controller waits for: a rank waits in place)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
         self.join(timeout=5)
 
 
@@ -123,6 +133,7 @@ def run_agent(config: AgentConfig) -> int:
     shipper.start()
     supervisor.start()
     heartbeat = Heartbeat(config.heartbeat, control, supervisor)
+    supervisor.on_news = heartbeat.poke
     try:
         purged = purge_node_queue(app, config.name)
         info = node_info(config.address, config.slots)

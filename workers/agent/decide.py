@@ -4,7 +4,8 @@ launches; the round passed in is not changed.
 
 - `decide_stop`: a stop (command, sync, shutdown) or a rank's failure: SIGTERM, grace period.
 - `decide_tick`: one look at the round: spawn once the bundle is fetched, reap ended ranks and
-  report their exits (a failure fails the round, like torchrun's local agent), SIGKILL a rank
+  report their exits (a failure fails the round, like torchrun's local agent, unless the round is
+  recovered in place: the other ranks then wait for the controller's next round), SIGKILL a rank
   whose interpreter hangs in its teardown, SIGKILL every rank once the grace period is over, end
   the round once no rank runs.
 """
@@ -173,11 +174,26 @@ def decide_tick(
             actions.append(Reap(rank, end, RankState.FAILED if failed else RankState.SUCCEEDED))
             actions.append(ReportExit(end.exit, fails_round))
             fails = fails or fails_round
-        if fails:
+        # A round recovered in place keeps the failed rank's local peers: their SDK waits for
+        # the controller's next round, which carries them over and replaces only the dead rank.
+        keeps_peers = bool(local.spec.get("recover_in_place")) and bool(running)
+        if fails and not keeps_peers:
             stop = decide_stop(local, StopReason.FAILURE, grace, now, list(running.values()))
             actions.extend(stop)
             state = LocalState.FAILING
             deadline = next(a.at for a in stop if isinstance(a, SetDeadline))
+        elif (
+            not running
+            and state is LocalState.RUNNING
+            and any(
+                rank.state == RankState.FAILED and not survivable(local.spec, rank.local_rank)
+                for rank in local.ranks
+            )
+        ):
+            # The last rank here ended after a peer failed earlier (kept for an in-place
+            # recovery that did not come): the round failed.
+            actions.append(Move(LocalState.FAILING))
+            state = LocalState.FAILING
     for look in seen.ranks:
         if (
             look.ended is None

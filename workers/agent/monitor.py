@@ -22,7 +22,7 @@ from workers import protocol
 from workers.agent.launcher import RankFiles
 from workers.agent.lifecycle import LocalRound, Rank
 from workers.protocol import RankExit, RankState
-from workers.sdk.elastic import FAILED, FORMED, LEFT, read_state
+from workers.sdk.elastic import FAILED, FORMED, LEFT, WAITING, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -184,11 +184,15 @@ def seconds_since_code_ended(files: RankFiles) -> float | None:
 def inplace_state(local: LocalRound) -> tuple[str, str, float | None]:
     """An in-place round's progress on this host, from its ranks' SDK state files: "formed" (and
     when the last rank formed) once every local rank formed the round's group, "failed" (with the
-    reason) when one could not, else "pending"."""
+    reason) when one could not, "waiting" when one saw a peer fail mid-step and waits for the
+    next round, else "pending"."""
     states = [read_state(rank.files.control) for rank in local.ranks]
     for state in states:
         if state is not None and state.get("round") == local.number and state.get("state") == FAILED:
             return protocol.INPLACE_FAILED, str(state.get("reason", "")), None
+    for state in states:
+        if state is not None and state.get("round") == local.number and state.get("state") == WAITING:
+            return protocol.INPLACE_WAITING, str(state.get("reason", "")), None
     if states and all(
         state is not None and state.get("round") == local.number and state.get("state") in (FORMED, LEFT)
         for state in states

@@ -23,10 +23,12 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers import protocol
 from workers.agent.actor import RoundActor
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
@@ -107,6 +109,10 @@ class Supervisor(threading.Thread):
         self._pruning: Future[list[Path]] | None = None
         self._next_prune = 0.0  # monotonic
         self._next_teardown_check = 0.0  # monotonic
+        # Called when the controller should hear before the next heartbeat (the agent's
+        # Heartbeat.poke): a rank of a round recovered in place waits for the next round.
+        self.on_news: Callable[[], None] | None = None
+        self._waiting: set[tuple[int, int]] = set()  # rounds already told to be waiting
 
     # --- API for tasks and the agent ---------------------------------------------------------
     def submit(self, command: Command) -> None:
@@ -134,7 +140,7 @@ class Supervisor(threading.Thread):
                     last_step=progress.last_step,
                     first_step_at=progress.first_step_at,
                 )
-                if "carry_over" in local.spec:
+                if "carry_over" in local.spec or local.spec.get("recover_in_place"):
                     status["inplace"], status["inplace_reason"], formed_at = inplace_state(local)
                     if formed_at:
                         status["inplace_formed_at"] = formed_at
@@ -267,6 +273,19 @@ class Supervisor(threading.Thread):
                 local.fetch = None  # taken: decided on now, spawned or dropped
             actions = decide_tick(local, seen, now, grace_of(local.spec), self._config.teardown_timeout)
             self._act(slot, local, actions)
+            self._tell_if_waiting(local)
+
+    def _tell_if_waiting(self, local: LocalRound) -> None:
+        """A round recovered in place whose ranks here wait for the next round (a peer failed):
+        the heartbeat that says so is the host's proof of life for the failure's settlement, so it
+        goes now rather than at the next interval."""
+        key = (local.job_id, local.number)
+        if not local.spec.get("recover_in_place") or key in self._waiting or not local.ranks:
+            return
+        if inplace_state(local)[0] == protocol.INPLACE_WAITING:
+            self._waiting = {seen for seen in self._waiting if seen[0] != local.job_id} | {key}
+            if self.on_news is not None:
+                self.on_news()
 
     def _stop_round(self, local: LocalRound, grace: float) -> None:  # (threading.Thread has a _stop)
         self._act(None, local, decide_stop(local, StopReason.COMMAND, grace, time.monotonic()))
