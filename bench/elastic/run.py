@@ -274,6 +274,7 @@ class Trainyard:
         from tests.support.controller import Controller
 
         self.root = root
+        self.kill_settled: float | None = None  # the last in-place rank kill: kill → round made
         self.controller = Controller(
             BENCH_REDIS, root / "controller", TRAINYARD_CONTROLLER_TICK="0.5", TRAINYARD_INPLACE_RECOVERY="1"
         )
@@ -434,9 +435,12 @@ class Trainyard:
             t0 = time.time()
             os.kill(victim, signal.SIGKILL)
             kill = first_record_after(record, t0, world=3, round_above=before)
-            if not Round.objects.filter(job_id=job, number=before + 1).exclude(carry_over={}).exists():
+            recovered = Round.objects.filter(job_id=job, number=before + 1).first()
+            if recovered is None or not recovered.inplace:
                 print(f"  round {before + 1} was not in place", flush=True)
                 kill = None
+            else:  # where the time went: settling the failure, then forming the round
+                self.kill_settled = recovered.created_at.timestamp() - t0
             if not self.settled(job, world=3) or not wait_records(record, world=3, count=TRAINED_STEPS):
                 return kill, None
             before = self.round_of(job)
@@ -574,10 +578,17 @@ def measure_inplace(reps: int, ty: Trainyard, root: Path) -> dict[str, list[floa
     for rep in range(reps):
         work = root / f"fail-{rep}"
         work.mkdir(parents=True)
+        ty.kill_settled = None
         kill, loss = ty.inplace_failures(work)
         found["rank_kill"].append(kill)
         found["node_loss"].append(loss)
-        print(f"  {'rank kill / node loss':<26} rep {rep + 1}: {fmt(kill, 60)} / {fmt(loss, 60)}", flush=True)
+        settled = (
+            f"  (round made {ty.kill_settled:.2f} s after the kill)" if ty.kill_settled is not None else ""
+        )
+        print(
+            f"  {'rank kill / node loss':<26} rep {rep + 1}: {fmt(kill, 60)} / {fmt(loss, 60)}{settled}",
+            flush=True,
+        )
     return found
 
 
