@@ -22,7 +22,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from workers.sdk.elastic import ElasticError, elastic
+from workers.sdk.elastic import elastic
+from workers.sdk.elastic_control import ElasticError
 
 FEATURES = 8
 
