@@ -424,26 +424,29 @@ class ElasticRun:
                     timeout=datetime.timedelta(seconds=self.collective_timeout),
                 )
                 self._sync_state()
+                if self.wrap_ddp:
+                    self._wrap_ddp()  # DDP's constructor has collectives of its own: part of forming
         except ElasticError:
             raise
         except Exception as error:  # gloo/nccl/store errors have no common type
             reason = f"forming round {control.round} failed: {type(error).__name__}: {error}"[:500]
             self._report(FAILED, reason=reason)
             raise ElasticError(reason) from error
-        if self.wrap_ddp and control.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
-            if self._recoverable():
-                # a lambda: DDP checks the hook's annotations, which are strings in this module
-                self._ddp.register_comm_hook(
-                    None, lambda state, bucket: self._guard.allreduce(bucket, self.world_size)
-                )
         self._has_state = True
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
         self._report(FORMED)
+
+    def _wrap_ddp(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        if self._recoverable():
+            # a lambda: DDP checks the hook's annotations, which are strings in this module
+            self._ddp.register_comm_hook(
+                None, lambda state, bucket: self._guard.allreduce(bucket, self.world_size)
+            )
 
     def _gather(self, store: dist.Store, control: Control) -> None:
         """Waits (up to form_timeout) until every rank of the round reached its store, so that the
