@@ -16,16 +16,9 @@ import pytest
 import torch
 
 from tests.support import procs
-from workers.sdk.elastic import (
-    Control,
-    ElasticError,
-    backend_for,
-    device_for,
-    epoch_order,
-    rank_slice,
-    read_state,
-    write_control,
-)
+from workers.sdk.elastic import backend_for, device_for
+from workers.sdk.elastic_control import Control, ElasticError, read_state, write_control
+from workers.sdk.elastic_data import epoch_order, rank_slice
 
 SCRIPT = Path(__file__).parent / "scripts" / "elastic_count.py"
 ROOT = Path(__file__).resolve().parent.parent

@@ -254,7 +254,7 @@ ENV_PRECISION = "TRAINYARD_PRECISION"
 ENV_GRAD_ACCUM = "TRAINYARD_GRAD_ACCUM_STEPS"
 ENV_STRATEGY = "TRAINYARD_STRATEGY"
 ENV_NODE = "TRAINYARD_NODE"
-# Each rank's control file (workers/sdk/elastic.py): the agent writes the round the rank is in
+# Each rank's control file (workers/sdk/elastic_control.py): the agent writes the round the rank is in
 # (job_id, round, rank (-1 = leave), local_rank, world_size, master_addr, master_port); the SDK
 # writes its state (forming|formed|failed|left, round, step) to the same path plus ".state".
 ENV_CONTROL = "TRAINYARD_CONTROL"

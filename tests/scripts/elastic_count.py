@@ -6,12 +6,14 @@ Trains a small MLP with ``sdk.elastic`` over a data set whose examples carry the
 each step every rank appends one JSON line to ``--record``: pid, round, rank, world, step, the
 example indices of its batch and a SHA-1 of its parameters (so a newcomer's parameters can be
 compared with a survivor's at the same step). It ends after ``--epochs`` epochs, or when the SDK
-says this rank left; a failed re-form exits 3.
+says this rank left; a failed re-form exits 3. ``--break-join FILE``: the one process that removes
+FILE at its start builds a wider model, so its re-form fails when it loads a survivor's state.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +24,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from workers.sdk.elastic import ElasticError, elastic
+from workers.sdk.elastic import elastic
+from workers.sdk.elastic_control import ElasticError
 
 FEATURES = 8
 
@@ -57,10 +60,16 @@ def main() -> int:
     parser.add_argument("--form-timeout", type=float, default=20.0)
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     parser.add_argument("--fast-file", default="", help="no more --step-sleep once this file exists")
+    parser.add_argument("--break-join", default="", help="the process that removes this file cannot join")
     args = parser.parse_args()
 
+    hidden = 16
+    if args.break_join:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.break_join)
+            hidden += 1  # only the process that removed the file gets here
     torch.manual_seed(os.getpid())  # every process starts from different weights: the SDK must align them
-    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     data = Indexed(args.examples)
     with open(args.record, "a", buffering=1) as record:

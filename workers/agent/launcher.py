@@ -29,7 +29,7 @@ from workers.agent.config import AgentConfig
 from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
 from workers.ps import contract as ps_contract
-from workers.sdk.elastic import Control, write_control
+from workers.sdk.elastic_control import Control, write_control
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from workers import protocol
 from workers.agent.launcher import RankFiles
 from workers.agent.lifecycle import LocalRound, Rank
 from workers.protocol import RankExit, RankState
-from workers.sdk.elastic import FAILED, FORMED, LEFT, WAITING, read_state
+from workers.sdk.elastic_control import FAILED, FORMED, LEFT, WAITING, read_state
 
 logger = logging.getLogger(__name__)
 

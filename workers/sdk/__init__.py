@@ -75,7 +75,8 @@ from workers.sdk.checkpoint import (
     save_sharded,
     wait,
 )
-from workers.sdk.elastic import ElasticError, ElasticRun, elastic
+from workers.sdk.elastic import ElasticRun, elastic
+from workers.sdk.elastic_control import ElasticError
 from workers.sdk.monitor import StepTimer, Watcher, peak_memory_bytes
 from workers.sdk.stop import install_stop_handler, request_stop, should_stop, stop_requested
 from workers.sdk.telemetry import telemetry as _sink

@@ -15,32 +15,24 @@
     if run.stopped:                  # every rank got SIGTERM (the job is stopping): save, exit
         ...
 
-The agent writes a small JSON control file per rank (path in ``TRAINYARD_CONTROL``) holding the
-current round: ``job_id, round, rank, local_rank, world_size, master_addr, master_port`` (``rank``
--1 = leave). At every step boundary the SDK checks it (a ``stat``; the file is re-read only when
-its mtime changed) and the ranks agree on the newest round with a one-element all-reduce, so all
-of them re-form at the same boundary. Re-forming: destroy the process group, form the new one at
-the round's address, then broadcast model, optimizer and data position from the lowest rank that
-already had state (a survivor) to every rank; newcomers thus receive state from a live peer, not
-from disk. The epoch's examples are a fixed permutation; the SDK keeps the global position in it
-and every step splits the next ``world_size * batch_size`` examples by rank, so after a re-form
-the remainder is re-split over the new world and no example is skipped or repeated.
+The agent tells each rank its current round in a control file (path in ``TRAINYARD_CONTROL``;
+format and the ``<control>.state`` file the SDK reports in: :mod:`workers.sdk.elastic_control`).
+At every step boundary the SDK checks it and the ranks agree on the newest round with a
+one-element all-reduce, so all of them re-form at the same boundary. Re-forming: destroy the
+process group, form the new one at the round's address, then broadcast model, optimizer and data
+position from the lowest rank that already had state (a survivor) to every rank; newcomers thus
+receive state from a live peer, not from disk. The data position is a place in the epoch's fixed
+permutation, re-split over the new world at every step (:mod:`workers.sdk.elastic_data`), so no
+example is skipped or repeated. When forming does not finish within ``form_timeout`` seconds the
+state is ``failed`` and :class:`ElasticError` is raised: the process exits and the controller
+falls back to a restart.
 
-The SDK writes its state next to the control file (``<control>.state``, JSON:
-``state`` = forming|formed|failed|left|waiting, ``round``, ``step``, ``pid``, ``reason``) so the agent can
-report it. When forming does not finish within ``form_timeout`` seconds the state is ``failed``
-and :class:`ElasticError` is raised: the process exits and the controller falls back to a restart.
-
-A collective that fails because a peer died (gloo raises on the closed connection; a peer that
-vanished without closing it shows up when the group's ``collective_timeout`` expires) does not end
-the survivors. DDP's gradient all-reduce goes through a hook that records the failure instead of
-raising, and the step-boundary all-reduce is guarded the same way; at the boundary the SDK puts
-model and optimizer back to where they were before the step (a copy taken at every step: the
-step's partial gradient is discarded), writes state ``waiting`` and waits up to ``form_timeout``
-for a newer round in the control file, then re-forms as for a resize and the step is redone over
-the new world. Without a newer round in time it reports ``failed`` and raises
-:class:`ElasticError` (the restart path takes over). Collectives the user's step calls itself are
-not guarded: they raise out of the step and end the process as before.
+A collective that fails because a peer died does not end the survivors
+(:mod:`workers.sdk.elastic_recovery`): the step is undone, the SDK writes state ``waiting`` and
+waits up to ``form_timeout`` for a newer round in the control file, then re-forms as for a resize
+and the step is redone over the new world. Without a newer round in time it reports ``failed``
+and raises :class:`ElasticError` (the restart path takes over). Collectives the user's step calls
+itself are not guarded: they raise out of the step and end the process as before.
 
 Without ``TRAINYARD_CONTROL`` (plain ``torchrun`` or ``python``) the round comes from the usual
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables and never changes.
@@ -52,123 +44,38 @@ moved to that device for the broadcast. Both go through the same :meth:`ElasticR
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import datetime
-import json
 import os
 import time
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
-from workers import protocol
+from workers.sdk.elastic_control import (
+    ENV_CONTROL,
+    FAILED,
+    FORMED,
+    FORMING,
+    LEFT,
+    WAITING,
+    Control,
+    ControlFile,
+    ElasticError,
+)
+from workers.sdk.elastic_data import IndexedDataset, epoch_order, rank_slice
+from workers.sdk.elastic_recovery import StepGuard
 from workers.sdk.stop import install_stop_handler, stop_requested
 
-ENV_CONTROL = protocol.ENV_CONTROL
 DEFAULT_FORM_TIMEOUT = 20.0
 # A collective waits at most this long for a peer: how long a peer lost without a closed
 # connection (a node loss) takes to be noticed. Steps whose ranks drift further apart need more.
 DEFAULT_COLLECTIVE_TIMEOUT = 10.0
-STATE_SUFFIX = ".state"
-
-FORMING = "forming"
-FORMED = "formed"
-FAILED = "failed"
-LEFT = "left"
-WAITING = "waiting"  # a peer died mid-step: the survivor waits for the next round
-STATES = (FORMING, FORMED, FAILED, LEFT, WAITING)
-
-
-class ElasticError(RuntimeError):
-    """Re-forming the process group failed (timeout, bad control file, unreachable peers)."""
-
-
-class IndexedDataset(Sized, Protocol):
-    def __getitem__(self, index: int) -> Any: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Control:
-    """One round as the agent described it to this rank."""
-
-    job_id: str
-    round: int
-    rank: int
-    local_rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    joiners: int = 0  # ranks of this round that start afresh (the survivors wait for them)
-
-    @property
-    def leaves(self) -> bool:
-        return self.rank < 0
-
-    @classmethod
-    def parse(cls, data: Any) -> Control:
-        if not isinstance(data, dict):
-            raise ElasticError(f"control file must hold a JSON object, not {type(data).__name__}")
-        try:
-            control = cls(
-                job_id=str(data.get("job_id", "")),
-                round=int(data["round"]),
-                rank=int(data["rank"]),
-                local_rank=int(data.get("local_rank", 0)),
-                world_size=int(data["world_size"]),
-                master_addr=str(data["master_addr"]),
-                master_port=int(data["master_port"]),
-                joiners=int(data.get("joiners", 0)),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ElasticError(f"control file is missing or has a bad field: {error!r}") from None
-        if control.world_size < 1 or control.rank >= control.world_size:
-            raise ElasticError(f"control file has rank {control.rank} outside world {control.world_size}")
-        return control
-
-    @classmethod
-    def from_env(cls) -> Control:
-        """The fixed round of a plain torchrun/python launch."""
-        return cls(
-            job_id=os.environ.get("TRAINYARD_JOB_ID", ""),
-            round=0,
-            rank=int(os.environ.get("RANK", "0")),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(os.environ.get("MASTER_PORT", "29500")),
-        )
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Readers never see half a file: write a sibling, then rename over."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def write_control(path: Path, control: Control) -> None:
-    """What the agent (and tests) call to tell a rank about a new round."""
-    write_json_atomic(path, dataclasses.asdict(control))
-
-
-def state_path(control_path: Path) -> Path:
-    return control_path.with_name(control_path.name + STATE_SUFFIX)
-
-
-def read_state(control_path: Path) -> dict[str, Any] | None:
-    """The SDK's last reported state for this rank, or None when there is none (yet)."""
-    try:
-        data = json.loads(state_path(control_path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("state") in STATES else None
 
 
 def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
@@ -181,26 +88,6 @@ def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def epoch_order(size: int, seed: int, epoch: int) -> torch.Tensor:
-    """The permutation of an epoch's examples; the same on every rank and every round."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(size, generator=generator)
-
-
-def rank_slice(position: int, remaining: int, world_size: int, rank: int, batch_size: int) -> tuple[int, int]:
-    """This rank's [start, end) in the epoch order for the step that begins at ``position``.
-
-    A full step takes ``world_size * batch_size`` examples, rank r the r-th batch of them; the last
-    step of an epoch splits what is left as evenly as possible (a rank may get nothing when fewer
-    examples than ranks remain)."""
-    if remaining >= world_size * batch_size:
-        start = position + rank * batch_size
-        return start, start + batch_size
-    base, extra = divmod(remaining, world_size)
-    start = position + rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
 
 
 class ElasticRun:
@@ -227,6 +114,7 @@ class ElasticRun:
             self.optimizers = list(optimizer)
         path = control_path if control_path is not None else os.environ.get(ENV_CONTROL)
         self.control_path = Path(path) if path else None
+        self._control_file = ControlFile(self.control_path) if self.control_path else None
         self.form_timeout = form_timeout
         self.collective_timeout = collective_timeout
         self.seed = seed
@@ -234,8 +122,6 @@ class ElasticRun:
         self._device_arg = torch.device(device) if device is not None else None
         self.device = torch.device("cpu")
         self.control: Control | None = None
-        self._control_mtime: int | None = None
-        self._pending_round = 0
         self._next: Control | None = None  # the next round, read but not formed yet
         self._next_store: dist.TCPStore | None = None
         self._wait_target = 0
@@ -254,9 +140,7 @@ class ElasticRun:
         # Whether this process holds training state worth keeping (a survivor) or needs it (a
         # newcomer). False until the first formed round; a fresh start takes rank 0's init.
         self._has_state = False
-        # A collective of the current step failed (a peer died): the error, until recovered.
-        self.broken: str | None = None
-        self._before_step: dict[str, Any] | None = None
+        self._guard = StepGuard(self.module, self.optimizers)
         self.recoveries = 0  # rounds re-formed after a peer died mid-step
 
     # ---- the public surface -------------------------------------------------------------
@@ -271,6 +155,11 @@ class ElasticRun:
     @property
     def round(self) -> int:
         return self.control.round if self.control else 0
+
+    @property
+    def broken(self) -> str | None:
+        """A collective of the current step failed (a peer died): the error, until recovered."""
+        return self._guard.broken
 
     @property
     def model(self) -> nn.Module:
@@ -364,8 +253,8 @@ class ElasticRun:
             except RuntimeError as error:  # a peer died after the step's own collectives
                 if not self._recoverable():
                     raise
-                self.broken = f"{type(error).__name__}: {error}"[:500]
-                self._before_step = None  # the step itself completed everywhere: keep it
+                self._guard.broken = f"{type(error).__name__}: {error}"[:500]
+                self._guard.forget()  # the step itself completed everywhere: keep it
                 return self._recover()
             target = int(flags[0].item())
             all_stopping, all_ready = int(flags[1].item()) < 0, int(flags[2].item()) < 0
@@ -397,28 +286,16 @@ class ElasticRun:
 
     def _keep_before_step(self) -> None:
         """A copy of model and optimizer before the step, to put back if the step's collectives fail."""
-        if not self._recoverable():
-            self._before_step = None
-            return
-        self._before_step = {
-            "model": {key: value.detach().clone() for key, value in self.module.state_dict().items()},
-            "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in self.optimizers],
-        }
-
-    def _mark_broken(self, error: BaseException) -> None:
-        if self.broken is None:
-            self.broken = f"{type(error).__name__}: {error}"[:500]
+        if self._recoverable():
+            self._guard.keep()
+        else:
+            self._guard.forget()
 
     def _recover(self) -> bool:
         """After a failed collective: undo the step, wait for the next round, re-form in it.
         False when this rank leaves in that round."""
         reason = self.broken or "a collective failed"
-        if self._before_step is not None:
-            self.module.load_state_dict(self._before_step["model"])
-            for optimizer, saved in zip(self.optimizers, self._before_step["optimizers"], strict=True):
-                optimizer.load_state_dict(saved)
-                optimizer.zero_grad()
-        self._before_step = None
+        self._guard.undo()
         self._ddp = None
         with contextlib.suppress(Exception):
             if dist.is_initialized():
@@ -429,7 +306,7 @@ class ElasticRun:
         store = None
         if not control.leaves and control.joiners > 0 and control.world_size > 1:
             store = self._wait_for_joiners(control)
-        self.broken = None
+        self._guard.broken = None
         self.recoveries += 1
         self._form(control, store)
         return not self.left
@@ -448,28 +325,6 @@ class ElasticRun:
             self._report(FAILED, reason=reason, round_no=control.round)
             raise ElasticError(reason) from error
         return store
-
-    def _guarded_allreduce(self, _state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """DDP's gradient all-reduce, except that a failure is recorded instead of raised."""
-        tensor = bucket.buffer()
-        if self.broken is not None:
-            return completed(tensor)
-        tensor.div_(self.world_size)
-        try:
-            work = dist.all_reduce(tensor, async_op=True)
-        except RuntimeError as error:
-            self._mark_broken(error)
-            return completed(tensor)
-        assert work is not None
-
-        def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            try:
-                return future.value()[0]
-            except Exception as error:  # gloo reports a dead peer as a RuntimeError
-                self._mark_broken(error)
-                return tensor
-
-        return work.get_future().then(done)
 
     def _waiting_since(self, target: int) -> float:
         if self._wait_target != target:
@@ -517,54 +372,28 @@ class ElasticRun:
 
     # ---- control file --------------------------------------------------------------------
     def _peek_round(self) -> int:
-        """The newest round this rank has been told about: a stat, and a read only on change."""
-        if self.control_path is None:
-            return self.round
-        try:
-            mtime = self.control_path.stat().st_mtime_ns
-        except OSError:
-            return self.round
-        if mtime == self._control_mtime:
-            return self._pending_round
-        self._control_mtime = mtime
-        try:
-            self._pending_round = Control.parse(json.loads(self.control_path.read_text())).round
-        except (OSError, ValueError, ElasticError):
-            self._pending_round = self.round
-        return self._pending_round
+        """The newest round this rank has been told about."""
+        return self._control_file.peek(self.round) if self._control_file else self.round
 
     def _read_control(self, wait_for_round: int | None) -> Control:
-        if self.control_path is None:
+        if self._control_file is None:
             return Control.from_env()
-        deadline = time.monotonic() + self.form_timeout
-        last_error = "no control file"
-        while True:
-            try:
-                control = Control.parse(json.loads(self.control_path.read_text()))
-                if wait_for_round is None or control.round >= wait_for_round:
-                    return control
-                last_error = f"control file is at round {control.round}, the group at {wait_for_round}"
-            except (OSError, ValueError, ElasticError) as error:
-                last_error = str(error)
-            if time.monotonic() > deadline:
-                self._report(FAILED, reason=last_error)
-                raise ElasticError(last_error)
-            time.sleep(0.01)
+        try:
+            return self._control_file.read(wait_for_round, self.form_timeout)
+        except ElasticError as error:
+            self._report(FAILED, reason=str(error))
+            raise
 
     def _report(self, state: str, reason: str = "", round_no: int | None = None) -> None:
-        if self.control_path is None:
+        if self._control_file is None:
             return
-        data = {
-            "state": state,
-            "round": self.round if round_no is None else round_no,
-            "step": self.step,
-            "pid": os.getpid(),
-            "reason": reason,
-            "form_seconds": round_seconds(self.last_form_seconds),
-            "time": time.time(),
-        }
-        with contextlib.suppress(OSError):
-            write_json_atomic(state_path(self.control_path), data)
+        self._control_file.report(
+            state,
+            round_no=self.round if round_no is None else round_no,
+            step=self.step,
+            reason=reason,
+            form_seconds=self.last_form_seconds,
+        )
 
     # ---- re-forming --------------------------------------------------------------------
     def _form(self, control: Control, store: dist.TCPStore | None = None) -> None:
@@ -595,26 +424,29 @@ class ElasticRun:
                     timeout=datetime.timedelta(seconds=self.collective_timeout),
                 )
                 self._sync_state()
+                if self.wrap_ddp:
+                    self._wrap_ddp()  # DDP's constructor has collectives of its own: part of forming
         except ElasticError:
             raise
         except Exception as error:  # gloo/nccl/store errors have no common type
             reason = f"forming round {control.round} failed: {type(error).__name__}: {error}"[:500]
             self._report(FAILED, reason=reason)
             raise ElasticError(reason) from error
-        if self.wrap_ddp and control.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
-            if self._recoverable():
-                # a lambda: DDP checks the hook's annotations, which are strings in this module
-                self._ddp.register_comm_hook(
-                    None, lambda state, bucket: self._guarded_allreduce(state, bucket)
-                )
         self._has_state = True
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
         self._report(FORMED)
+
+    def _wrap_ddp(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self._ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        if self._recoverable():
+            # a lambda: DDP checks the hook's annotations, which are strings in this module
+            self._ddp.register_comm_hook(
+                None, lambda state, bucket: self._guard.allreduce(bucket, self.world_size)
+            )
 
     def _gather(self, store: dist.Store, control: Control) -> None:
         """Waits (up to form_timeout) until every rank of the round reached its store, so that the
@@ -676,16 +508,6 @@ class ElasticRun:
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-
-
-def completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(tensor)
-    return future
-
-
-def round_seconds(value: float) -> float:
-    return float(f"{value:.4f}")
 
 
 # ``with sdk.elastic(model, optimizer) as run:`` (see the module docstring): the run is the context.
