@@ -110,7 +110,9 @@ def test_a_rank_failure_before_forming_is_a_fallback_not_a_charged_restart(decid
     decide(actions.resize_job, job.pk, 3, None)
     failed = decide(reports.rank_exited, "b", job.pk, 2, failing_exit(rank=1, code=3))
     assert failed.kinds() == ["round.inplace_failed", "round.fallback"]
-    assert "rank 1 on b ended with exit code 3" in failed.events[0].message
+    assert (
+        "rank 1 on b ended with exit code 3: Traceback ... ValueError: bad batch" in failed.events[0].message
+    )
     job.refresh_from_db()
     assert job.restarts == 0 and job.round_number == 3
 

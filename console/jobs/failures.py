@@ -41,7 +41,9 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
     if forming(rnd):
         # Before its ranks re-formed in place: the in-place change failed, not the job.
         what = describe({"signal": exit.get("signal"), "exit_code": exit.get("exit_code")})
-        fall_back(job, rnd, f"rank {exit.get('rank')} on {alloc.node.name} ended with {what}")
+        said = (exit.get("error") or "").strip().splitlines()
+        why = f": {said[-1][:300]}" if said else ""
+        fall_back(job, rnd, f"rank {exit.get('rank')} on {alloc.node.name} ended with {what}{why}")
         return
     if alloc.is_live:
         alloc.set_state(AllocationState.FAILED)
