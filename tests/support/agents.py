@@ -132,8 +132,7 @@ def start_agent(
                 name,
                 "--broker",
                 broker_url,
-                "--token",
-                token,
+                f"--token={token}",  # (a random token may start with "-", which argparse takes for an option)
                 "--address",
                 "127.0.0.1",
                 "--heartbeat",
