@@ -229,3 +229,46 @@ def test_a_finished_rank_loses_its_marker_once_everything_is_sent(tmp_path: Path
     assert not (tmp_path / "shipping.json").exists()
     assert [r["text"] for _, r in sent_records(real)] == ["hello"]
     real.delete(TELEMETRY_STREAM)
+
+
+def test_a_rank_carried_in_place_is_resumed_under_each_rounds_own_key(tmp_path: Path) -> None:
+    real = redis.Redis.from_url(redis_url())
+    real.delete(TELEMETRY_STREAM)
+    rank_dir = tmp_path / "job-8" / "round-1" / "rank-0"
+    rank_dir.mkdir(parents=True)
+    telemetry, stdout, stderr = rank_dir / "telemetry.jsonl", rank_dir / "stdout.log", rank_dir / "stderr.log"
+    for path in (telemetry, stdout, stderr):
+        path.touch()
+    # Given a rank shipped as rank 0 of round 1, then carried into round 2 as rank 1 (in place)
+    first = TelemetryShipper(redis_url(), "host-c")
+    first.add(8, 1, 0, telemetry, stdout, stderr)
+    write_lines(telemetry, [{"kind": "metric", "step": s, "values": {"loss": 1.0}} for s in (1, 2)])
+    stdout.write_text("round one a\nround one b\n")
+    first.tick()
+    first.carry((8, 1, 0), (8, 2, 1))
+    with stdout.open("a") as fh:
+        fh.write("round two a\n")
+    first.tick()
+    # ... and the agent died before it read the rank's last lines
+    write_lines(telemetry, [{"kind": "metric", "step": 3, "values": {"loss": 0.5}}])
+    with stdout.open("a") as fh:
+        fh.write("round two b\n")
+    live = sent_records(real)
+    real.delete(TELEMETRY_STREAM)
+
+    # When an agent starts again on the same data directory
+    second = TelemetryShipper(redis_url(), "host-c")
+    assert second.resume_unshipped(tmp_path) == 1
+    second.tick()
+
+    # Then each part of the files goes again under the key it had live (ingest drops the
+    # repeats), the unread lines under the round they were written in, nothing under both
+    def keyed(sent: list[tuple[Any, dict[str, Any]]]) -> set[tuple[Any, ...]]:
+        return {(key, r["kind"], r["seq"], r.get("text", r.get("step"))) for key, r in sent}
+
+    resent = keyed(sent_records(real))
+    assert keyed(live) < resent
+    assert resent - keyed(live) == {((8, 2, 1), "log", 4, "round two b"), ((8, 2, 1), "metric", 3, 3)}
+    assert {r[0] for r in resent if r[1] == "log" and str(r[3]).startswith("round one")} == {(8, 1, 0)}
+    assert not (rank_dir / "shipping.json").exists()
+    real.delete(TELEMETRY_STREAM)

@@ -16,7 +16,10 @@ instant). So each rank's directory holds a ``shipping.json`` marker (its job, ro
 from the moment it is tailed until everything read from it has been sent; an agent that starts
 on the same data directory ships every marked rank's files again from the start
 (``resume_unshipped``). Sequence numbers are counted from the start of each file, so what had
-been sent already carries the same keys and ingest drops it.
+been sent already carries the same keys and ingest drops it. A rank carried into an in-place
+round goes on in the same files under a new key: the marker lists each key with the offsets
+(and line and sequence counts) where its part of the files began, and a resume ships each part
+under its own key, as the live agent did.
 """
 
 from __future__ import annotations
@@ -59,12 +62,18 @@ class _Tail:
     path: Path
     offset: int = 0
     partial: bytes = b""
+    end: int | None = None  # a resumed part of the file stops here (the next key's start)
+
+    @property
+    def line_start(self) -> int:
+        """Where the next whole line begins: the offset read up to, less a partial last line."""
+        return self.offset - len(self.partial)
 
     def read_lines(self) -> list[bytes]:
         try:
             with self.path.open("rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read()
+                data = fh.read(-1 if self.end is None else max(0, self.end - self.offset))
         except FileNotFoundError:
             return []
         if not data:
@@ -87,6 +96,25 @@ class _Source:
     finishing: bool = False
     marker: Path | None = None
     resumed: bool = False  # a rank of a previous agent's life: its files are complete
+    next_key: RankKey | None = None  # carried into an in-place round: the key from the next read
+    parts: list[dict[str, Any]] = field(default_factory=list)  # the marker's content
+    keys: list[RankKey] = field(default_factory=list)  # every key its records went under
+
+    def part(self) -> dict[str, Any]:
+        """Where the files' part under the current key begins (read on the shipper's thread)."""
+        job_id, round_, rank = self.key
+        return {
+            "job_id": job_id,
+            "round": round_,
+            "rank": rank,
+            "offsets": {
+                "telemetry": self.telemetry.line_start,
+                "stdout": self.stdout.line_start,
+                "stderr": self.stderr.line_start,
+            },
+            "log_lines": dict(self.log_lines),
+            "seqs": dict(self.seqs),
+        }
 
 
 @dataclass
@@ -106,7 +134,8 @@ class TelemetryShipper(threading.Thread):
         self._progress: dict[RoundKey, RoundProgress] = {}
         self._buffer: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
         self._pending: collections.Counter[RankKey] = collections.Counter()  # records buffered
-        self._closing: dict[RankKey, Path] = {}  # finished sources whose marker awaits the send
+        # finished sources whose marker awaits the send of every key they shipped under
+        self._closing: dict[RankKey, tuple[Path, tuple[RankKey, ...]]] = {}
         self._stopping = threading.Event()
         self._retry_at = 0.0
         self.connected = True
@@ -114,42 +143,54 @@ class TelemetryShipper(threading.Thread):
     # --- called by the supervisor ------------------------------------------------------------
     def add(self, job_id: int, round_: int, rank: int, telemetry: Path, stdout: Path, stderr: Path) -> None:
         key = (job_id, round_, rank)
-        marker = telemetry.parent / MARKER
-        try:
-            marker.write_text(json.dumps({"job_id": job_id, "round": round_, "rank": rank}))
-        except OSError as exc:
-            logger.warning(
-                "telemetry: cannot write %s (%s); a crash may lose this rank's last lines", marker, exc
-            )
+        source = _Source(
+            key, _Tail(telemetry), _Tail(stdout), _Tail(stderr), marker=telemetry.parent / MARKER
+        )
+        source.parts, source.keys = [source.part()], [key]
+        write_marker(source)
         with self._lock:
-            self._sources[key] = _Source(key, _Tail(telemetry), _Tail(stdout), _Tail(stderr), marker=marker)
+            self._sources[key] = source
             self._progress.setdefault((job_id, round_), RoundProgress())
 
     def resume_unshipped(self, rounds_dir: Path) -> int:
         """Ships again, from the start, the files of every rank a previous agent on this data
-        directory had not finished sending (its ranks are dead: the reaper killed them with it).
-        Returns how many ranks are resumed."""
+        directory had not finished sending (its ranks are dead: the reaper killed them with it),
+        each part under the key it had. Returns how many ranks are resumed."""
         resumed = 0
         for marker in sorted(rounds_dir.glob(f"job-*/round-*/rank-*/{MARKER}")):
             try:
-                found = json.loads(marker.read_text())
-                key = (int(found["job_id"]), int(found["round"]), int(found["rank"]))
+                parts = read_marker(marker)
             except (OSError, ValueError, KeyError, TypeError):
                 logger.warning("telemetry: unreadable %s; removed", marker)
                 marker.unlink(missing_ok=True)
                 continue
             directory = marker.parent
-            source = _Source(
-                key,
-                _Tail(directory / "telemetry.jsonl"),
-                _Tail(directory / "stdout.log"),
-                _Tail(directory / "stderr.log"),
-                finishing=True,
-                marker=marker,
-                resumed=True,
-            )
-            with self._lock:
-                self._sources.setdefault(key, source)
+            keys = [part_key(part) for part in parts]
+            for index, part in enumerate(parts):
+                following = parts[index + 1]["offsets"] if index + 1 < len(parts) else {}
+                tails = {
+                    name: _Tail(directory / file, int(part["offsets"][name]), end=following.get(name))
+                    for name, file in (
+                        ("telemetry", "telemetry.jsonl"),
+                        ("stdout", "stdout.log"),
+                        ("stderr", "stderr.log"),
+                    )
+                }
+                last = index == len(parts) - 1
+                source = _Source(
+                    keys[index],
+                    tails["telemetry"],
+                    tails["stdout"],
+                    tails["stderr"],
+                    log_lines={"stdout": 0, "stderr": 0, **part["log_lines"]},
+                    seqs=dict(part["seqs"]),
+                    finishing=True,
+                    marker=marker if last else None,  # removed once every part has been sent
+                    resumed=True,
+                    keys=keys if last else [keys[index]],
+                )
+                with self._lock:
+                    self._sources.setdefault(keys[index], source)
             resumed += 1
         if resumed:
             logger.info(
@@ -164,14 +205,9 @@ class TelemetryShipper(threading.Thread):
             source = self._sources.pop(old, None)
             if source is None:
                 return
-            source.key = new
+            source.next_key = new  # taken on the shipper's thread, between two reads
             self._sources[new] = source
             self._progress.setdefault((new[0], new[1]), RoundProgress())
-        if source.marker is not None:
-            try:
-                source.marker.write_text(json.dumps({"job_id": new[0], "round": new[1], "rank": new[2]}))
-            except OSError as exc:
-                logger.warning("telemetry: cannot write %s (%s)", source.marker, exc)
 
     def finish(self, job_id: int, round_: int, rank: int) -> None:
         """The rank has exited: read its files to the end once more, then stop tailing them."""
@@ -228,6 +264,8 @@ class TelemetryShipper(threading.Thread):
             sources = list(self._sources.values())
         now = time.time()
         for source in sources:
+            if source.next_key is not None:
+                self._switch_key(source)
             finishing = source.finishing
             records: list[dict[str, Any]] = []
             telemetry_lines = source.telemetry.read_lines()
@@ -262,9 +300,19 @@ class TelemetryShipper(threading.Thread):
                 if finishing:
                     self._sources.pop(source.key, None)
                     if source.marker is not None:
-                        self._closing[source.key] = source.marker
+                        self._closing[source.key] = (source.marker, tuple(source.keys))
                 if len(self._buffer) > self._max_buffered:
                     self._drop_oldest()
+
+    def _switch_key(self, source: _Source) -> None:
+        """A carried rank's next lines go under its new key: the marker notes where they begin."""
+        with self._lock:
+            new, source.next_key = source.next_key, None
+        assert new is not None
+        source.key = new
+        source.keys.append(new)
+        source.parts.append(source.part())
+        write_marker(source)
 
     def _telemetry_record(self, source: _Source, line: bytes, now: float) -> dict[str, Any] | None:
         try:
@@ -357,9 +405,42 @@ class TelemetryShipper(threading.Thread):
     def _release_markers(self) -> None:
         """Removes the marker of every finished rank whose records have all been sent."""
         with self._lock:
-            done = [key for key in self._closing if self._pending[key] <= 0]
-            markers = [self._closing.pop(key) for key in done]
-            for key in done:
-                self._pending.pop(key, None)
-        for marker in markers:
+            done = [
+                key for key, (_, keys) in self._closing.items() if all(self._pending[k] <= 0 for k in keys)
+            ]
+            closed = [self._closing.pop(key) for key in done]
+            for _, keys in closed:
+                for key in keys:
+                    self._pending.pop(key, None)
+        for marker, _ in closed:
             marker.unlink(missing_ok=True)
+
+
+def write_marker(source: _Source) -> None:
+    if source.marker is None:
+        return
+    try:
+        source.marker.write_text(json.dumps({"parts": source.parts}))
+    except OSError as exc:
+        logger.warning(
+            "telemetry: cannot write %s (%s); a crash may lose this rank's last lines", source.marker, exc
+        )
+
+
+def read_marker(marker: Path) -> list[dict[str, Any]]:
+    """The marker's parts, first key first; a marker of one key (no "parts") is one part from 0."""
+    found = json.loads(marker.read_text())
+    if "parts" not in found:
+        zero = {"telemetry": 0, "stdout": 0, "stderr": 0}
+        return [{**found, "offsets": zero, "log_lines": {}, "seqs": {}}]
+    parts = list(found["parts"])
+    if not parts:
+        raise ValueError("a marker without parts")
+    for part in parts:  # every part names its key and its offsets (KeyError, ValueError if not)
+        part_key(part)
+        part["offsets"] = {name: int(part["offsets"][name]) for name in ("telemetry", "stdout", "stderr")}
+    return parts
+
+
+def part_key(part: dict[str, Any]) -> RankKey:
+    return (int(part["job_id"]), int(part["round"]), int(part["rank"]))
