@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import zipfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +188,12 @@ def make_cluster(owner: User) -> Job:
             master_port=29500 + number,
             outcome="failed" if number == 1 else "",
             failure=cause if number == 1 else {},
+            # round 2 recovered in place: three survivors carried over, formed 0.94 s later
+            carry_over={"from_round": 1, "ranks": {"0": 0, "2": 2, "3": 3}} if number == 2 else {},
         )
+        if number == 2:
+            rnd.formed_at = rnd.created_at + timedelta(seconds=0.94)
+            rnd.save(update_fields=["formed_at"])
         for node_rank, node in enumerate(nodes[:2]):
             exits = (
                 [{"rank": 1, "local_rank": 1, "exit_code": 1, "signal": None}]
@@ -313,6 +318,11 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         expect(page.locator("#round-boundaries")).to_contain_text(
             f"round 2 (failure, world 4) from step {ROUND_2_FROM}"
         )
+        # the rounds table marks the in-place round and how long its change took
+        newest = page.locator("#rounds-body tr").first
+        expect(newest.locator(".badge")).to_have_text("in place")
+        expect(newest).to_contain_text("0.94 s")
+        expect(page.locator("#rounds-body tr").nth(1).locator(".badge")).to_have_count(0)
         # progress from the script's own total (sdk.progress → total_steps), with an ETA
         expect(page.locator("#job-progress")).to_have_text(f"{STEPS}/1000")
         expect(page.locator("#job-eta")).to_contain_text("ETA")
