@@ -334,6 +334,7 @@ class Trainyard:
             time.sleep(0.2)
 
     def rank_kill(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1", 2)
         try:
@@ -348,6 +349,7 @@ class Trainyard:
             self.stop(job)
 
     def scale_up(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1:3", 1, desired=2)
         try:
@@ -361,6 +363,7 @@ class Trainyard:
             self.stop(job)
 
     def node_kill(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "2:3", 1)
         try:
