@@ -673,8 +673,9 @@ def plain_figures(results: dict[str, dict[str, list[float | None]]]) -> dict[str
         ours, theirs = results["trainyard"].get(key, []), results["torchrun"].get(key, [])
         ty_m, tr_m = median(ours), median(theirs) if theirs else None
         ratio = ty_m / tr_m if ty_m is not None and tr_m else None
+        theirs_text = fmt(tr_m, TORCHRUN_WAIT) if theirs else "not run"
         print(
-            f"{label:<34} {fmt(ty_m, 60):>14} {spread(ours):>14} {fmt(tr_m, TORCHRUN_WAIT):>16} "
+            f"{label:<34} {fmt(ty_m, 60):>14} {spread(ours):>14} {theirs_text:>16} "
             f"{(f'{ratio:.2f}x' if ratio is not None else '-'):>7}"
         )
         figures[f"trainyard_{key}_s"] = ty_m
