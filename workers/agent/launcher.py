@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
@@ -303,7 +304,7 @@ class RankHandler(SubprocessHandler):
                 stream.close()
 
 
-def stop_signal_target(handler: RankHandler, signum: signal.Signals) -> str:
+def stop_signal_target(handler: RankHandler, signum: signal.Signals) -> Literal["process", "group"]:
     """Whom a signal to a rank goes to: ``"process"`` (its leader alone) or ``"group"``.
 
     SIGTERM, the request to stop gracefully, goes to a Python rank's interpreter alone, as
