@@ -1,24 +1,37 @@
 """Elastic recovery: Trainyard's controller against torchrun's c10d rendezvous, same script.
 
-    .venv/bin/python bench/elastic/run.py [--reps 5]
+    .venv/bin/python bench/elastic/run.py [--reps 5] [--plain-only | --inplace-only] [--keep DIR]
 
-Three cases, each repeated, medians reported (seconds):
-- rank kill → next step: SIGKILL one of two ranks of a 1-node x 2-process job.
-- scale-up 2 → 3 → first step at world 3, timed from the API call (Trainyard) or from the
-  third agent's start (torchrun --nnodes 2:3).
+Plain-script cases run tests/scripts/plain_ddp.py (no SDK: DDP, a DataLoader with a
+DistributedSampler and one worker process, a ``torch.save`` snapshot every 5 steps read back with
+``torch.load``), timed from its own per-step log, on the restart path:
+- rank kill → next step: SIGKILL one of two ranks of a 1-node x 2-process job; reps alternate
+  with torchrun ``--standalone --max-restarts 3`` on the same script, so both see the same load.
+  ``plain_rank_kill_ratio`` is Trainyard's median over torchrun's median of the reps of this run
+  in which torchrun recovered within TORCHRUN_WAIT (it sometimes does not: its restart fails in
+  gloo with "Connection reset by peer" and restarts again); null if none did.
+- scale-up 2 → 3 → first step at world 3, timed from the API call (``plain_scale_up_s``).
 - node kill → first step at the smaller world: SIGKILL one of three hosts (agent and ranks)
-  of a 3 x 1 job; Trainyard's agents heartbeat every 2 s.
+  of a 3 x 1 job; Trainyard's agents heartbeat every 2 s (``plain_node_loss_s``).
+Each Trainyard case starts once the agents' warm pools have settled (as the in-place cases do):
+on this 2-core machine three agents and the ranks share the cores, and a pool refills only on
+idle CPU, so back-to-back cases would otherwise measure cold starts.
 
-The script is tests/scripts/ddp_train.py (plain torch, gloo, checkpoints every 5 steps), timed
-from its own per-step log. In-place cases (``inplace_*``) run tests/scripts/elastic_count.py
-(sdk.elastic, job spec ``elastic: inplace``) on the same cluster: resize 2 → 3 → first step at
-world 3, and 3 → 2 → first step of the new round, both timed from the API call; then, on a 3 x 1
-job, a rank SIGKILL → the survivors' next step (in place: a newcomer replaces the rank), and a
-node loss (agent and ranks SIGKILLed) → first step at world 2, timed from the node-loss round's
-creation (the loss declared). The controller runs with TRAINYARD_INPLACE_RECOVERY=1.
-``--inplace-only`` runs just those. A torchrun case that never reaches the step is reported as null
-with the time waited. Needs PostgreSQL and Redis on 127.0.0.1 (a bench database is created and
-dropped).
+In-place cases (``inplace_*``) run tests/scripts/elastic_count.py (sdk.elastic, job spec
+``elastic: inplace``) on the same cluster: resize 2 → 3 → first step at world 3, and 3 → 2 →
+first step of the new round, both timed from the API call; then, on a 3 x 1 job, a rank SIGKILL →
+the survivors' next step (in place: a newcomer replaces the rank), and a node loss (agent and
+ranks SIGKILLed) → first step at world 2, timed from the node-loss round's creation (the loss
+declared). The controller runs with TRAINYARD_INPLACE_RECOVERY=1. Without ``--plain-only`` or
+``--inplace-only`` both run (and torchrun's c10d scale-up and node kill, for comparison), and the
+final JSON line holds every figure. Needs PostgreSQL and Redis on 127.0.0.1 (a bench database is
+created and dropped).
+
+Where a plain script's restart spends its time (one 2-core machine, warm pools settled; from
+the agents' logs and plain_ddp.py's ``phases``; docs/architecture.md has the table):
+rank kill ≈ exit seen 0.05 s + report, settlement and new round 0.15 s + survivor killed and
+round ended 0.1 s + warm hand-over 0.03 s + init_process_group 0.02-0.3 s + the first optimizer
+importing torch._dynamo 0.8-2.5 s + DDP 0.01 s + DataLoader worker and first step 0.15-0.3 s.
 """
 
 from __future__ import annotations
@@ -52,8 +65,8 @@ TRAINED_STEPS = 60
 Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
 second."""
 TORCHRUN_WAIT = 25.0
-TORCHRUN_RANK_KILL_REFERENCE = 4.5  # s, kill -9 one rank under torchrun --standalone (measured on these machines)  # how long a torchrun case may take before it counts as "never"
-DDP_SCRIPT = REPO / "tests" / "scripts" / "ddp_train.py"
+"""How long a torchrun case may take before it counts as "never"."""
+DDP_SCRIPT = REPO / "tests" / "scripts" / "plain_ddp.py"
 SDK_SCRIPT = REPO / "tests" / "scripts" / "elastic_count.py"
 
 os.environ.update(
@@ -92,7 +105,7 @@ def first_step_after(path: Path, t0: float, world: int | None = None, timeout: f
                 and (world is None or record["world"] == world)
             ):
                 started = True
-            elif started and "step" in record and record["t"] > t0:
+            elif started and "step" in record and "event" not in record and record["t"] > t0:
                 return float(record["t"] - t0)
         time.sleep(0.05)
     return None
@@ -101,7 +114,8 @@ def first_step_after(path: Path, t0: float, world: int | None = None, timeout: f
 def wait_steps(path: Path, world: int, count: int, timeout: float = 90.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sum(1 for r in read_progress(path) if "step" in r and r["world"] == world) >= count:
+        steps = (r for r in read_progress(path) if "step" in r and "event" not in r)
+        if sum(1 for r in steps if r["world"] == world) >= count:
             return True
         time.sleep(0.1)
     return False
@@ -115,7 +129,7 @@ def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
         str(STEP_SLEEP),
         "--checkpoint-every",
         "5",
-        "--progress",
+        "--step-log",
         str(progress),
     ]
 
@@ -145,20 +159,22 @@ def first_record_after(
 
 
 def script_pids(root_pid: int, script: Path = DDP_SCRIPT) -> list[int]:
+    """The rank processes running ``script`` under ``root_pid``, not their own children (a
+    DataLoader worker carries its rank's command line)."""
     import psutil
 
     try:
         children = psutil.Process(root_pid).children(recursive=True)
     except psutil.Error:
         return []
-    pids = []
+    found: dict[int, int] = {}  # pid -> parent pid
     for child in children:
         with contextlib.suppress(psutil.Error):
             if any(script.name in part for part in child.cmdline()) and "torchrun" not in " ".join(
                 child.cmdline()[:2]
             ):
-                pids.append(child.pid)
-    return pids
+                found[child.pid] = child.ppid()
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 # --- torchrun ---------------------------------------------------------------------------------
@@ -332,6 +348,7 @@ class Trainyard:
             time.sleep(0.2)
 
     def rank_kill(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1", 2)
         try:
@@ -346,6 +363,7 @@ class Trainyard:
             self.stop(job)
 
     def scale_up(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1:3", 1, desired=2)
         try:
@@ -359,6 +377,7 @@ class Trainyard:
             self.stop(job)
 
     def node_kill(self, work: Path) -> float | None:
+        self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "2:3", 1)
         try:
@@ -623,12 +642,104 @@ def inplace_figures(found: dict[str, list[float | None]]) -> dict[str, Any]:
     }
 
 
+def measure_pairs(
+    reps: int, ty: Callable[[Path], float | None], tr: Callable[[Path], float | None], root: Path
+) -> tuple[list[float | None], list[float | None]]:
+    """Rank kill, Trainyard and torchrun rep by rep in turn: on a shared machine both sides of the
+    ratio then see the same load."""
+    ours: list[float | None] = []
+    theirs: list[float | None] = []
+    for rep in range(reps):
+        for name, run, out, waited in (
+            ("trainyard", ty, ours, 60.0),
+            ("torchrun", tr, theirs, TORCHRUN_WAIT),
+        ):
+            work = root / f"rank-kill-{name}-{rep}"
+            work.mkdir(parents=True)
+            value = run(work)
+            out.append(value)
+            print(f"  {'rank kill ' + name:<26} rep {rep + 1}: {fmt(value, waited)}", flush=True)
+    return ours, theirs
+
+
+def measure_plain(reps: int, ty: Trainyard, root: Path) -> dict[str, dict[str, list[float | None]]]:
+    print("plain script (tests/scripts/plain_ddp.py): Trainyard restart path against torchrun", flush=True)
+    results: dict[str, dict[str, list[float | None]]] = {"trainyard": {}, "torchrun": {}}
+    results["trainyard"]["rank_kill"], results["torchrun"]["rank_kill"] = measure_pairs(
+        reps, ty.rank_kill, torchrun_rank_kill, root
+    )
+    results["trainyard"]["scale_up"] = measure("scale-up 2→3", reps, ty.scale_up, root / "ty", reps)
+    results["trainyard"]["node_kill"] = measure("node kill", reps, ty.node_kill, root / "ty", reps)
+    return results
+
+
+def measure_torchrun_resizes(
+    reps: int, results: dict[str, dict[str, list[float | None]]], root: Path
+) -> None:
+    """torchrun's c10d scale-up and node kill, for comparison (no figure depends on them)."""
+    print("torchrun (c10d)", flush=True)
+    results["torchrun"]["scale_up"] = measure("scale-up 2→3", reps, torchrun_scale_up, root / "tr", 2)
+    results["torchrun"]["node_kill"] = measure("node kill", reps, torchrun_node_kill, root / "tr", 2)
+
+
+def plain_figures(results: dict[str, dict[str, list[float | None]]]) -> dict[str, Any]:
+    cases = [
+        ("rank kill → next step", "rank_kill"),
+        ("scale-up 2→3 → step at world 3", "scale_up"),
+        ("node kill → step at world 2", "node_kill"),
+    ]
+    print()
+    print(
+        f"{'plain script (median of reps)':<34} {'Trainyard':>14} {'range':>14} {'torchrun':>16} {'ratio':>7}"
+    )
+    figures: dict[str, Any] = {}
+    for label, key in cases:
+        ours, theirs = results["trainyard"].get(key, []), results["torchrun"].get(key, [])
+        ty_m, tr_m = median(ours), median(theirs) if theirs else None
+        ratio = ty_m / tr_m if ty_m is not None and tr_m else None
+        theirs_text = fmt(tr_m, TORCHRUN_WAIT) if theirs else "not run"
+        print(
+            f"{label:<34} {fmt(ty_m, 60):>14} {spread(ours):>14} {theirs_text:>16} "
+            f"{(f'{ratio:.2f}x' if ratio is not None else '-'):>7}"
+        )
+        figures[f"trainyard_{key}_s"] = ty_m
+        figures[f"trainyard_{key}_runs"] = ours
+        if theirs:
+            figures[f"torchrun_{key}_s"] = tr_m
+            figures[f"torchrun_{key}_runs"] = theirs
+    # torchrun sometimes never recovers from a rank kill (its restart hangs in gloo's
+    # connectFullMesh): the ratio is taken against the reps of this run where it did recover,
+    # and is null when none did. Never against a figure from another run.
+    rk_ty = figures["trainyard_rank_kill_s"]
+    runs = results["torchrun"]["rank_kill"]
+    recovered = [v for v in runs if v is not None]
+    basis = statistics.median(recovered) if recovered else None
+    figures["torchrun_rank_kill_recovered"] = f"{len(recovered)} of {len(runs)}"
+    figures["torchrun_rank_kill_recovered_s"] = basis
+    figures["plain_rank_kill_ratio"] = rk_ty / basis if rk_ty is not None and basis else None
+    figures["plain_scale_up_s"] = figures["trainyard_scale_up_s"]
+    figures["plain_node_loss_s"] = figures["trainyard_node_kill_s"]
+    ratio = figures["plain_rank_kill_ratio"]
+    print(
+        f"rank kill: torchrun recovered in {figures['torchrun_rank_kill_recovered']} reps; "
+        f"Trainyard / torchrun (those reps) = {f'{ratio:.2f}' if ratio is not None else '-'}"
+    )
+    figures["torchrun_wait_s"] = TORCHRUN_WAIT
+    print("targets: rank-kill ratio <= 0.5; scale-up <= 5 s; node loss <= 10 s (2 s heartbeats)")
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--inplace-only", action="store_true", help="only the SDK script's in-place cases")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--inplace-only", action="store_true", help="only the SDK script's in-place cases")
+    only.add_argument(
+        "--plain-only", action="store_true", help="only the plain script's cases (and torchrun's rank kill)"
+    )
+    parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs (default: a temp dir)")
     args = parser.parse_args()
 
     import redis
@@ -643,86 +754,33 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    results: dict[str, dict[str, list[float | None]]] = {"trainyard": {}, "torchrun": {}}
-    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
-        root = Path(tmp)
+    figures: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            root = Path(args.keep)
+            root.mkdir(parents=True, exist_ok=False)
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-elastic-")))
         print("Trainyard (controller + 3 agents, heartbeat 2 s)", flush=True)
         ty = Trainyard(root / "trainyard")
+        inplace: dict[str, list[float | None]] | None = None
+        plain: dict[str, dict[str, list[float | None]]] | None = None
         try:
-            inplace = measure_inplace(args.reps, ty, root / "inplace")
+            if not args.plain_only:
+                inplace = measure_inplace(args.reps, ty, root / "inplace")
             if not args.inplace_only:
-                results["trainyard"]["rank_kill"] = measure(
-                    "rank kill", args.reps, ty.rank_kill, root / "ty", args.reps
-                )
-                results["trainyard"]["scale_up"] = measure(
-                    "scale-up 2→3", args.reps, ty.scale_up, root / "ty", args.reps
-                )
-                results["trainyard"]["node_kill"] = measure(
-                    "node kill", args.reps, ty.node_kill, root / "ty", args.reps
-                )
+                plain = measure_plain(args.reps, ty, root / "plain")
         finally:
             ty.close()
-        if args.inplace_only:
-            redis.Redis.from_url(BENCH_REDIS).flushdb()
-            drop_database()
+        if plain is not None:
+            if not args.plain_only:
+                measure_torchrun_resizes(args.reps, plain, root)
+            figures.update(plain_figures(plain))
+        if inplace is not None:
             print_inplace(inplace)
-            print(json.dumps(inplace_figures(inplace)))
-            return 0
-        print("torchrun (c10d / standalone)", flush=True)
-        results["torchrun"]["rank_kill"] = measure("rank kill", args.reps, torchrun_rank_kill, root / "tr", 3)
-        results["torchrun"]["scale_up"] = measure(
-            "scale-up 2→3", args.reps, torchrun_scale_up, root / "tr", 2
-        )
-        results["torchrun"]["node_kill"] = measure("node kill", args.reps, torchrun_node_kill, root / "tr", 2)
+            figures.update(inplace_figures(inplace))
     redis.Redis.from_url(BENCH_REDIS).flushdb()
     drop_database()
-
-    cases = [
-        ("rank kill → next step", "rank_kill"),
-        ("scale-up 2→3 → step at world 3", "scale_up"),
-        ("node kill → step at world 2", "node_kill"),
-    ]
-    print()
-    print(f"{'case (median of reps)':<34} {'Trainyard':>14} {'torchrun':>16} {'ratio':>7}")
-    figures: dict[str, Any] = {}
-    for label, key in cases:
-        ty_m, tr_m = median(results["trainyard"][key]), median(results["torchrun"][key])
-        ratio = ty_m / tr_m if ty_m is not None and tr_m else None
-        print(
-            f"{label:<34} {fmt(ty_m, 60):>14} {fmt(tr_m, TORCHRUN_WAIT):>16} "
-            f"{(f'{ratio:.2f}x' if ratio is not None else '-'):>7}"
-        )
-        figures[f"trainyard_{key}_s"] = ty_m
-        figures[f"torchrun_{key}_s"] = tr_m
-        figures[f"trainyard_{key}_runs"] = results["trainyard"][key]
-        figures[f"torchrun_{key}_runs"] = results["torchrun"][key]
-    # torchrun often never recovers from a rank kill here (its restart fails in gloo's
-    # connectFullMesh, then hangs): the ratio is taken against the reps where it did recover,
-    # or, when none did, against its 4.5 s measured on these machines (measured on these machines).
-    rk_ty = figures["trainyard_rank_kill_s"]
-    recovered = [v for v in results["torchrun"]["rank_kill"] if v is not None]
-    figures["torchrun_rank_kill_recovered"] = f"{len(recovered)} of {len(results['torchrun']['rank_kill'])}"
-    figures["torchrun_rank_kill_recovered_s"] = statistics.median(recovered) if recovered else None
-    basis = statistics.median(recovered) if recovered else TORCHRUN_RANK_KILL_REFERENCE
-    figures["rank_kill_ratio"] = rk_ty / basis if rk_ty is not None else None
-    figures["rank_kill_ratio_basis"] = (
-        "torchrun reps that recovered" if recovered else "torchrun 4.5 s (measured on these machines)"
-    )
-    print(
-        f"rank kill: torchrun recovered in {figures['torchrun_rank_kill_recovered']} reps; "
-        f"Trainyard / torchrun = {figures['rank_kill_ratio']:.2f} "
-        f"(against {figures['rank_kill_ratio_basis']})"
-        if rk_ty is not None
-        else "rank kill: Trainyard did not recover"
-    )
-    figures["torchrun_wait_s"] = TORCHRUN_WAIT
-    print()
-    print("targets: rank-kill ratio <= 0.5; scale-up <= 5 s; node loss <= 10 s (2 s heartbeats)")
-    print_inplace(inplace)
-    figures.update(inplace_figures(inplace))
-    figures["plain_rank_kill_ratio"] = figures["rank_kill_ratio"]
-    figures["plain_scale_up_s"] = figures["trainyard_scale_up_s"]
-    figures["plain_node_loss_s"] = figures["trainyard_node_kill_s"]
     print(json.dumps(figures))
     return 0
 

@@ -12,7 +12,8 @@ and resumes from the latest snapshot with ``torch.load``, at the same sampler ep
 Its own record, one JSON line per step appended to ``--step-log`` by rank 0 (by every rank when the
 path holds ``{rank}``): step, loss, world size, round (``TRAINYARD_ROUND``, else
 ``TORCHELASTIC_RESTART_COUNT``), restart count, rank, pid and time; a ``start`` line per process
-with the step it resumed from and the snapshot it read. Each line is one ``write`` on an
+with the step it resumed from, the snapshot it read and when each phase of its start ended
+(``phases``: main entered, process group formed, snapshot read, DDP wrapped). Each line is one ``write`` on an
 ``O_APPEND`` descriptor, so lines of two processes never mix. Every rank also prints
 ``step N loss X`` on stdout, which the console keeps as log lines.
 
@@ -198,10 +199,12 @@ def batches(
 
 
 def main(argv: list[str] | None = None) -> int:
+    phases = {"main": time.time()}  # when each phase of the start ended (the start line has them)
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _request_stop)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    phases["init_process_group"] = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     round_ = int(os.environ.get("TRAINYARD_ROUND") or restart_count)
@@ -220,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
+    phases["snapshot"] = time.time()
     if device is not None:
         model.to(device)
     ddp = DistributedDataParallel(model)
+    phases["ddp"] = time.time()
     data = synthetic_data()
     sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world, rank=rank, seed=0)
     loader = DataLoader(
@@ -241,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "event": "start",
             "t": time.time(),
+            "phases": phases,
             "resume_step": step,
             "snapshot": snapshot,
             "ranks_resume": resumed_at,

@@ -40,6 +40,7 @@ from workers.agent.launcher import (
     regroup,
     removed,
     start_rank,
+    stop_signal_target,
     write_rank_control,
 )
 from workers.agent.lifecycle import LocalRound, LocalState, Rank
@@ -54,6 +55,15 @@ logger = logging.getLogger(__name__)
 def killpg(pgid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+def signal_rank(rank: Rank, signum: signal.Signals) -> None:
+    """``signum`` to the rank's process or its process group (launcher.stop_signal_target)."""
+    if stop_signal_target(rank.handler, signum) == "process":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(rank.pid, signum)
+    else:
+        killpg(rank.pid, signum)
 
 
 class RoundActor:
@@ -98,7 +108,7 @@ class RoundActor:
                     logger.warning(
                         "job %s round %s: SIGKILL rank %s", local.job_id, local.number, action.rank.rank
                     )
-                killpg(action.rank.pid, action.signum)
+                signal_rank(action.rank, action.signum)
             elif isinstance(action, KillInTeardown):
                 self._kill_in_teardown(local, action)
             elif isinstance(action, Reap):
@@ -225,7 +235,7 @@ class RoundActor:
         start, stop = regroup(spec, {rank.local_rank for rank in local.ranks})
         for rank in local.ranks:
             if rank.local_rank in stop and rank.state == RankState.RUNNING:
-                killpg(rank.pid, signal.SIGTERM)
+                signal_rank(rank, signal.SIGTERM)
         try:
             bundle_dir = fetch_bundle(self._config, spec) if start else None  # cached by now
             for local_rank in start:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
@@ -274,6 +275,9 @@ class RankHandler(SubprocessHandler):
 
     def __init__(self, command: Command, env: dict[str, str], files: RankFiles, local_rank: int) -> None:
         self._cwd = command.cwd
+        self.runs_python = parse_python_command(command.entrypoint, command.args) is not None
+        """The process is the Python interpreter running the rank's code (under runner.py), not
+        a binary or a shell that may run it as a child: see stop_signal_target."""
         super().__init__(
             entrypoint=command.entrypoint,
             args=command.args,
@@ -298,6 +302,23 @@ class RankHandler(SubprocessHandler):
         for stream in (self._stdout, self._stderr):
             if stream is not None and not stream.closed:
                 stream.close()
+
+
+def stop_signal_target(handler: RankHandler, signum: signal.Signals) -> Literal["process", "group"]:
+    """Whom a signal to a rank goes to: ``"process"`` (its leader alone) or ``"group"``.
+
+    SIGTERM, the request to stop gracefully, goes to a Python rank's interpreter alone, as
+    Docker and Kubernetes send it to a container's first process: the code decides what its
+    children do, and the group is SIGKILLed once the interpreter has exited (or at the grace
+    period's end). Sent to the whole group it also ended a DataLoader's worker processes, whose
+    death made the rank raise in its SIGCHLD handler mid-step instead of stopping at a step
+    boundary: no snapshot of the last step, and about 2 s of interpreter teardown after the
+    error (bench/elastic, a resize of tests/scripts/plain_ddp.py; torchrun does the same). A
+    rank that is not a Python interpreter (a binary, a shell script running Python as its
+    child) gets it as a group, as every other signal."""
+    if signum == signal.SIGTERM and handler.runs_python:
+        return "process"
+    return "group"
 
 
 class WarmLaunchError(Exception):

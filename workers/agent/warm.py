@@ -125,11 +125,14 @@ def restore_on_launch_signal(original: Priority | None) -> None:
 def preload() -> None:
     """The imports that dominate a rank's start-up; their cost is paid before the launch.
 
-    Not torch._dynamo, although DistributedDataParallel's constructor imports it (about 1.1 s of
-    a warm rank's 1.2 s from launch to first step here): imported before init_process_group it
-    made a gloo DDP rank hang at exit (1 of 25 warm rounds here; py-spy: DDP's Reducer
-    destructor, holding the GIL, joins gloo's worker thread, which waits for the GIL to drop a
-    Python object in its work's thread-local state). torch.distributed.fsdp likewise stays out.
+    Not torch._dynamo, although a script's first optimizer (torch._disable_dynamo) or else
+    DistributedDataParallel's constructor imports it (0.8-2.5 s of a warm rank's start here, the
+    largest part of a plain script's restart: docs/architecture.md): imported before
+    init_process_group it made gloo DDP ranks hang at exit (1 of 25 warm rounds at first; py-spy:
+    DDP's Reducer destructor, holding the GIL, joins gloo's worker thread, which waits for the
+    GIL to drop a Python object in its work's thread-local state). Measured again: 8 of 80 ranks
+    of 40 two-rank tests/scripts/plain_ddp.py runs preloaded this way (and frozen) hung before
+    their code ended, 0 of 80 without. torch.distributed.fsdp likewise stays out.
     Preloading just sympy (0.35 s of that import, pure Python) started ranks 0.35 s sooner but
     made every refill that much more CPU taken from the training ranks (bench/launch_overhead,
     one run each: steps/s 0.93 of torchrun's with it, 1.01 without)."""
