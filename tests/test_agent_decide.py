@@ -65,8 +65,16 @@ def round_in(state: LocalState, *ranks: Rank, deadline: float = 0.0) -> LocalRou
 
 
 def ended(r: Rank, code: int) -> RankEnded:
+    """The rank's process ended with ``code`` (negative: by that signal, as Popen says)."""
+    by_signal = signal.Signals(-code).name if code < 0 else None
     exit_ = RankExit(
-        local_rank=r.local_rank, rank=r.rank, pid=r.pid, exit_code=code, signal=None, error="", at=NOW
+        local_rank=r.local_rank,
+        rank=r.rank,
+        pid=r.pid,
+        exit_code=None if by_signal else code,
+        signal=by_signal,
+        error="",
+        at=NOW,
     )
     return RankEnded(returncode=code, exit=exit_, code_status=None)
 
@@ -134,6 +142,28 @@ def test_a_failed_rank_fails_the_round_and_other_exits_seen_with_it_are_reported
         Move(S.FAILING),
         SetDeadline(NOW + GRACE),
         Kill(r2, signal.SIGTERM),
+    ]
+
+
+def test_a_rank_that_failed_on_its_own_while_the_round_stopped_for_a_peer_is_reported() -> None:
+    # rank 0 failed first as seen (its peer's exception broke its collective), so the round stops
+    r0, r1, r2 = rank(0), rank(1), rank(2)
+    local = round_in(S.RUNNING, r0, r1, r2)
+    tick(local, RankSeen(r0, ended(r0, 1)), RankSeen(r1), RankSeen(r2))
+    r0.state, local.state, local.stop_deadline = RankState.FAILED, S.FAILING, NOW + GRACE
+    # r1, which raised (exit code 1, no signal), is a failure too; r2, ended by the SIGTERM, is not
+    assert tick(local, RankSeen(r1, ended(r1, 1)), RankSeen(r2, ended(r2, -15))) == [
+        Reap(r1, ended(r1, 1), RankState.FAILED),
+        ReportExit(ended(r1, 1).exit, failed=True),
+        Reap(r2, ended(r2, -15), RankState.STOPPED),
+        End(S.FAILED),
+    ]
+    # a round stopped by a command reports nothing of the kind
+    r3 = rank(3)
+    stopping = round_in(S.STOPPING, r3, deadline=NOW + GRACE)
+    assert tick(stopping, RankSeen(r3, ended(r3, 1))) == [
+        Reap(r3, ended(r3, 1), RankState.STOPPED),
+        End(S.STOPPED),
     ]
 
 

@@ -5,7 +5,8 @@ launches; the round passed in is not changed.
 - `decide_stop`: a stop (command, sync, shutdown) or a rank's failure: SIGTERM, grace period.
 - `decide_tick`: one look at the round: spawn once the bundle is fetched, reap ended ranks and
   report their exits (a failure fails the round, like torchrun's local agent, unless the round is
-  recovered in place: the other ranks then wait for the controller's next round), SIGKILL a rank
+  recovered in place: the other ranks then wait for the controller's next round; a rank that then
+  ends with a failing status of its own, not by the stop, is reported too), SIGKILL a rank
   whose interpreter hangs in its teardown, SIGKILL every rank once the grace period is over, end
   the round once no rank runs.
 """
@@ -116,6 +117,21 @@ KILLING: dict[LocalState, LocalState] = {
 }
 
 
+FAILURE_STOPS = (LocalState.FAILING, LocalState.KILLING_FAILED)
+
+
+def failed_on_its_own(local: LocalRound, rank: Rank, end: RankEnded) -> bool:
+    """A rank that ended with an exit status of its own (its code failed: no signal ended it),
+    in a round being stopped for a failure: the SIGTERM did not end it."""
+    exit_code = end.exit["exit_code"]
+    return (
+        end.exit["signal"] is None
+        and exit_code not in (0, None)
+        and not removed(local.spec, rank.local_rank)
+        and not survivable(local.spec, rank.local_rank)
+    )
+
+
 def decide_stop(
     local: LocalRound,
     reason: StopReason,
@@ -156,7 +172,15 @@ def decide_tick(
     for look in ended:
         del running[look.rank.local_rank]
     if state.is_ending:
-        actions.extend(Reap(look.rank, look.ended, RankState.STOPPED) for look in ended if look.ended)
+        for look in ended:
+            assert look.ended is not None
+            if state in FAILURE_STOPS and failed_on_its_own(local, look.rank, look.ended):
+                # It raised before the stop reached it (its exit only came later than a peer's):
+                # a failure too, often the root cause, not a rank we stopped.
+                actions.append(Reap(look.rank, look.ended, RankState.FAILED))
+                actions.append(ReportExit(look.ended.exit, True))
+            else:
+                actions.append(Reap(look.rank, look.ended, RankState.STOPPED))
     else:
         # Every rank seen ended here ended on its own (no signal was sent yet): each is reported,
         # earliest first, so a failure's root cause comes before the peers it took down.
