@@ -183,8 +183,10 @@ def test_hosts_whose_ranks_wait_in_place_are_proof_of_life_and_the_failure_settl
 ) -> None:
     settings.INPLACE_RECOVERY = True
     job = running_on_three(decide)
-    # When rank 2 on c is SIGKILLed, a and b have not heartbeated since (a tick settles nothing)
-    decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
+    # When rank 2 on c is SIGKILLed, a and b have not heartbeated since (a tick settles nothing;
+    # their agents are asked for a heartbeat now)
+    failed = decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
+    assert failed.sent() == [(protocol.AGENT_HEARTBEAT_NOW, f"node.{name}", {}) for name in "ab"]
     assert Round.objects.get(job=job, number=1).awaiting_settlement
     assert not decide(scheduler.tick).sent()
     # a's ranks report they wait for the next round: not yet, b is still unheard of

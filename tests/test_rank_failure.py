@@ -16,6 +16,7 @@ from console.core.states import JobState, RoundReason
 from console.jobs import reports, scheduler
 from tests.support.cluster import Cluster, assert_resumes_from_checkpoints
 from tests.support.decisions import TICK, Decide, failing_exit, make_job, make_node, start, stop
+from workers import protocol
 
 STEPS = 80
 
@@ -28,9 +29,10 @@ def test_a_failure_is_charged_once_every_host_is_heard_from_then_the_round_is_ki
     job = make_job("flaky", nnodes="2", max_restarts=1)
     decide(scheduler.tick)
 
-    # When rank 1 on b fails, a has not been heard from since: it may be the host that died
+    # When rank 1 on b fails, a has not been heard from since: it may be the host that died (its
+    # agent is asked for a heartbeat now)
     first = decide(reports.rank_exited, "b", job.pk, 1, failing_exit(rank=1))
-    assert first.sent() == []
+    assert first.sent() == [(protocol.AGENT_HEARTBEAT_NOW, "node.a", {})]
     assert first.kinds() == ["rank.failed"]
     assert first.events[0].data["cause"] == {
         "round": 1,

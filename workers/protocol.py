@@ -62,6 +62,10 @@ AGENT_REGISTER_AGAIN = "trainyard.agent.register_again"
 """kwargs: ``reason`` (text). The controller got a heartbeat it cannot place (the node is unknown,
 OFFLINE or LOST, or the session is not the registered one): the agent registers again at once."""
 
+AGENT_HEARTBEAT_NOW = "trainyard.agent.heartbeat_now"
+"""No kwargs. A rank failure waits for every host of its round to show it is alive since: the
+agent sends its next heartbeat at once instead of at the end of its interval."""
+
 
 class RankState(StrEnum):
     """A rank process on a host: RUNNING until it ends (SUCCEEDED, FAILED) or is stopped."""

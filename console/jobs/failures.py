@@ -3,7 +3,8 @@
 A round's first rank failure is recorded (Round.outcome FAILED, awaiting settlement). It is
 settled, charged against max_restarts, only once every host of the round has shown it is alive
 since the failure (a report or heartbeat after it, or, for a round recovered in place, a heartbeat
-saying its ranks wait for the next round: they saw the failure's broken collective): peers of a dead host fail in their collectives long before its heartbeats
+saying its ranks wait for the next round: they saw the failure's broken collective; the controller asks the hosts not yet heard from for a
+heartbeat at once, AGENT_HEARTBEAT_NOW): peers of a dead host fail in their collectives long before its heartbeats
 are missed, and a host that never answers is declared LOST (or re-registers after an agent
 restart), whose node-loss round replaces this one uncharged. Past max_restarts the job FAILS
 with the first failing rank as its root cause.
@@ -21,6 +22,7 @@ from django.utils import timezone
 from console.cluster.models import Node
 from console.core.decision import decision
 from console.core.states import AllocationState, JobState, NodeState, RoundOutcome, RoundReason
+from console.core.transport import send_on_commit
 from console.jobs.inplace import fall_back, forming
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
@@ -65,6 +67,9 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
     rnd.failed_at = now
     rnd.failure = cause
     rnd.save(update_fields=["outcome", "awaiting_settlement", "failed_at", "failure"])
+    for node in unproven(rnd):
+        # Its next heartbeat is the proof of life the settlement waits for: ask for it now.
+        send_on_commit(protocol.AGENT_HEARTBEAT_NOW, node.queue)
     events.emit(
         "rank.failed",
         f"Rank {cause['rank']} on {cause['node']} failed with {describe(cause)}",
@@ -84,17 +89,7 @@ def settle_failure(job: Job, rnd: Round) -> None:
     """Restart (charged) or fail a job whose current round awaits settlement of a rank failure."""
     if job.round_number != rnd.number or not rnd.awaiting_settlement or not job.job_state.is_active:
         return
-    assert rnd.failed_at is not None
-    failed_at = rnd.failed_at
-    alive_states = (NodeState.ONLINE, NodeState.DRAINING, NodeState.DRAINED)
-    # A host whose in-place ranks report waiting saw the failure's broken collective and lives.
-    waiting = set(rnd.allocations.filter(inplace=protocol.INPLACE_WAITING).values_list("node_id", flat=True))
-    if any(
-        n.state in alive_states
-        and n.pk not in waiting
-        and (n.last_heartbeat is None or n.last_heartbeat < failed_at)
-        for n in members(rnd)
-    ):
+    if unproven(rnd):
         return  # a host has not shown it is alive since the failure: it may be the cause
     cause = rnd.failure
     if job.restarts >= job.max_restarts:
@@ -108,6 +103,23 @@ def settle_failure(job: Job, rnd: Round) -> None:
         )
         return
     change_membership(job, RoundReason.FAILURE)
+
+
+def unproven(rnd: Round) -> list[Node]:
+    """The round's hosts, still thought alive, that have not shown they are since its failure: no
+    report or heartbeat after it, nor (in place) ranks reporting they wait for the next round,
+    which means they saw the failure's broken collective."""
+    assert rnd.failed_at is not None
+    failed_at = rnd.failed_at
+    alive_states = (NodeState.ONLINE, NodeState.DRAINING, NodeState.DRAINED)
+    waiting = set(rnd.allocations.filter(inplace=protocol.INPLACE_WAITING).values_list("node_id", flat=True))
+    return [
+        n
+        for n in members(rnd)
+        if n.state in alive_states
+        and n.pk not in waiting
+        and (n.last_heartbeat is None or n.last_heartbeat < failed_at)
+    ]
 
 
 def settle_failed_rounds() -> None:

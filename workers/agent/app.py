@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -62,7 +63,9 @@ def make_celery_app(config: AgentConfig) -> Celery:
     return app
 
 
-def register_tasks(app: Celery, supervisor: Supervisor) -> None:
+def register_tasks(
+    app: Celery, supervisor: Supervisor, register: Callable[[], None], heartbeat_now: Callable[[], None]
+) -> None:
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
     def start_round(*, spec: RoundSpec, **_: Any) -> None:
         supervisor.submit(StartRound(spec))
@@ -75,6 +78,15 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
     @app.task(name=protocol.AGENT_SYNC, ignore_result=True)
     def sync(*, rounds: list[RoundSpec], **_: Any) -> None:
         supervisor.submit(Sync(list(rounds)))
+
+    @app.task(name=protocol.AGENT_REGISTER_AGAIN, ignore_result=True)
+    def register_again(*, reason: str = "", **_: Any) -> None:
+        logger.warning("the console asks this agent to register again: %s", reason or "no reason given")
+        register()
+
+    @app.task(name=protocol.AGENT_HEARTBEAT_NOW, ignore_result=True)
+    def send_heartbeat_now(**_: Any) -> None:
+        heartbeat_now()
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -128,12 +140,16 @@ def run_agent(config: AgentConfig) -> int:
     shipper = TelemetryShipper(config.broker_url, config.name)
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
     supervisor = Supervisor(config, session, control, shipper, reaper, pool if config.warm_pool else None)
-    register_tasks(app, supervisor)
+    heartbeat = Heartbeat(config.heartbeat, control, supervisor)
+    supervisor.on_news = heartbeat.poke
+
+    def register() -> None:
+        control.send(protocol.CONTROL_REGISTER, info=node_info(config.address, config.slots))
+
+    register_tasks(app, supervisor, register, heartbeat.poke)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
-    heartbeat = Heartbeat(config.heartbeat, control, supervisor)
-    supervisor.on_news = heartbeat.poke
     try:
         purged = purge_node_queue(app, config.name)
         info = node_info(config.address, config.slots)
