@@ -10,9 +10,11 @@ messages to the controller). A round's state moves only through `LocalRound.set_
 
 Per job the host runs at most one round. A newer round first stops the running one (SIGTERM to
 each rank where launcher.stop_signal_target says, the round's grace period, then SIGKILL) and
-starts once every rank of the old one has ended. Commands for a round older than the newest seen for the job are
-ignored (fencing); the newest round per job is kept in ``<data-dir>/fencing.json`` so a command
-redelivered after an agent restart cannot bring an old round back.
+starts once every rank of the old one has ended; an in-place round (RoundSpec.carry_over) instead
+keeps the old round's running ranks and starts only the others. Commands for a round older than
+the newest seen for the job are ignored (fencing); the newest round per job is kept in
+``<data-dir>/fencing.json`` so a command redelivered after an agent restart cannot bring an old
+round back.
 """
 
 from __future__ import annotations
