@@ -8,8 +8,13 @@ DistributedSampler and one worker process, a ``torch.save`` snapshot every 5 ste
 - rank kill → next step: SIGKILL one of two ranks of a 1-node x 2-process job; reps alternate
   with torchrun ``--standalone --max-restarts 3`` on the same script, so both see the same load.
   ``plain_rank_kill_ratio`` is Trainyard's median over torchrun's median of the reps of this run
-  in which torchrun recovered within TORCHRUN_WAIT (it sometimes does not: its restart fails in
-  gloo with "Connection reset by peer" and restarts again); null if none did.
+  in which torchrun recovered within TORCHRUN_WAIT; null if none did. torchrun runs with
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see TORCHRUN_ENV): without it, its restart often
+  fails in gloo's connectFullMesh on the previous attempt's keys. Most of torchrun's time here is
+  its survivor's exit: torchrun SIGTERMs the rank's whole process group, the DataLoader worker
+  dies with it, and the rank's exit then waits about 5 s in the DataLoader's teardown (with
+  ``--workers 0`` torchrun's restart took 3.1-4.4 s, with one worker 4.0-9.0 s, mostly 8.5 s). Trainyard signals the
+  interpreter only (workers/agent/launcher.py ``stop_signal_target``).
 - scale-up 2 → 3 → first step at world 3, timed from the API call (``plain_scale_up_s``).
 - node kill → first step at the smaller world: SIGKILL one of three hosts (agent and ranks)
   of a 3 x 1 job; Trainyard's agents heartbeat every 2 s (``plain_node_loss_s``).
@@ -181,8 +186,21 @@ def script_pids(root_pid: int, script: Path = DDP_SCRIPT) -> list[int]:
 # --- torchrun ---------------------------------------------------------------------------------
 
 
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""torchrun's documented opt-out of sharing its rendezvous TCPStore with the workers. Shared (the
+default in torch 2.13), the store outlives a restart with the previous attempt's gloo keys still in
+it, and a restarted rank may read its dead peer's address: ``connectFullMesh ... Connection
+refused``, and the restart fails (torchrun recovered in 1 of 5 reps that way). Opted out, rank 0 of
+each attempt hosts a fresh store and torchrun recovered in every rep tried (4 of 4)."""
+
+
 def torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return procs.spawn([str(Path(sys.executable).parent / "torchrun"), *args], cwd=REPO, log=log)
+    return procs.spawn(
+        [str(Path(sys.executable).parent / "torchrun"), *args],
+        cwd=REPO,
+        env={**os.environ, **TORCHRUN_ENV},
+        log=log,
+    )
 
 
 def free_port() -> int:
@@ -346,18 +364,36 @@ class Trainyard:
         ):
             time.sleep(0.2)
 
+    def missed(self, job_id: int, why: str) -> None:
+        """Says why a rep has no figure, with what the console knew of the job then."""
+        from console.jobs.models import Job
+
+        job = Job.objects.get(pk=job_id)
+        rnd = job.current_round()
+        where = (
+            f"round {rnd.number} ({rnd.reason}, world {rnd.world_size}, first step {rnd.first_step_at})"
+            if rnd
+            else "no round"
+        )
+        events = [f"{e.kind}: {e.message}"[:160] for e in job.events.order_by("-id")[:4]]
+        print(f"  no figure: {why}; job {job.state}, {where}; last events: {events}", flush=True)
+
     def rank_kill(self, work: Path) -> float | None:
         self.wait_pools()
         progress = work / "progress.jsonl"
         job = self.submit(progress, "1", 2)
         try:
             if not wait_steps(progress, 2, TRAINED_STEPS):
+                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 2 before the kill")
                 return None
             node = self.node_of(job, rank=0)
             victim = script_pids(node.pid)[-1]
             t0 = time.time()
             os.kill(victim, signal.SIGKILL)
-            return first_step_after(progress, t0, timeout=60)
+            took = first_step_after(progress, t0, timeout=60)
+            if took is None:
+                self.missed(job, "no step within 60 s of the kill")
+            return took
         finally:
             self.stop(job)
 
@@ -367,11 +403,15 @@ class Trainyard:
         job = self.submit(progress, "1:3", 1, desired=2)
         try:
             if not wait_steps(progress, 2, TRAINED_STEPS):
+                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 2 before the resize")
                 return None
             t0 = time.time()
             response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
             assert response.status_code == 200, response.content
-            return first_step_after(progress, t0, world=3, timeout=60)
+            took = first_step_after(progress, t0, world=3, timeout=60)
+            if took is None:
+                self.missed(job, "no step at world 3 within 60 s of the resize")
+            return took
         finally:
             self.stop(job)
 
@@ -381,6 +421,7 @@ class Trainyard:
         job = self.submit(progress, "2:3", 1)
         try:
             if not wait_steps(progress, 3, TRAINED_STEPS):
+                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 3 before the kill")
                 return None
             agent = self.node_of(job, rank=2)
             ranks = script_pids(agent.pid)
@@ -389,7 +430,10 @@ class Trainyard:
             for pid in ranks:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            return first_step_after(progress, t0, world=2, timeout=60)
+            took = first_step_after(progress, t0, world=2, timeout=60)
+            if took is None:
+                self.missed(job, "no step at world 2 within 60 s of the node kill")
+            return took
         finally:
             self.stop(job)
             self.revive()
@@ -495,6 +539,8 @@ class Trainyard:
         response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": nodes}, format="json")
         assert response.status_code == 200, response.content
         took = first_record_after(record, t0, world=nodes, round_above=before)
+        with (record.parent / "resizes.jsonl").open("a") as log:  # for reading the records after
+            log.write(json.dumps({"t0": t0, "nodes": nodes, "round_above": before, "took": took}) + "\n")
         if not Round.objects.filter(job_id=job, number=before + 1).exclude(carry_over={}).exists():
             print(f"  round {before + 1} was not in place", flush=True)
             return None
@@ -706,9 +752,8 @@ def plain_figures(results: dict[str, dict[str, list[float | None]]]) -> dict[str
         if theirs:
             figures[f"torchrun_{key}_s"] = tr_m
             figures[f"torchrun_{key}_runs"] = theirs
-    # torchrun sometimes never recovers from a rank kill (its restart hangs in gloo's
-    # connectFullMesh): the ratio is taken against the reps of this run where it did recover,
-    # and is null when none did. Never against a figure from another run.
+    # Should torchrun not recover in a rep, the ratio is taken against the reps of this run
+    # where it did, and is null when none did. Never against a figure from another run.
     rk_ty = figures["trainyard_rank_kill_s"]
     runs = results["torchrun"]["rank_kill"]
     recovered = [v for v in runs if v is not None]

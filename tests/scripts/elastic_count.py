@@ -5,7 +5,9 @@
 Trains a small MLP with ``sdk.elastic`` over a data set whose examples carry their index. Before
 each step every rank appends one JSON line to ``--record``: pid, round, rank, world, step, the
 example indices of its batch and a SHA-1 of its parameters (so a newcomer's parameters can be
-compared with a survivor's at the same step). It ends after ``--epochs`` epochs, or when the SDK
+compared with a survivor's at the same step); and once per process, when it has first formed, a
+``started`` line with ``phases``: when main began, when the optimizer was built (its first call
+imports torch._dynamo) and when the SDK had formed. It ends after ``--epochs`` epochs, or when the SDK
 says this rank left; a failed re-form exits 3. ``--break-join FILE``: the one process that removes
 FILE at its start builds a wider model, so its re-form fails when it loads a survivor's state.
 """
@@ -51,6 +53,7 @@ def checksum(model: nn.Module) -> str:
 
 
 def main() -> int:
+    phases = {"main": time.time()}  # when each phase of this process's start ended
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", required=True)
     parser.add_argument("--examples", type=int, default=240)
@@ -70,10 +73,11 @@ def main() -> int:
             hidden += 1  # only the process that removed the file gets here
     torch.manual_seed(os.getpid())  # every process starts from different weights: the SDK must align them
     model = nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)  # imports torch._dynamo
+    phases["optimizer"] = time.time()
     data = Indexed(args.examples)
     with open(args.record, "a", buffering=1) as record:
-        return train(args, model, optimizer, data, record)
+        return train(args, model, optimizer, data, record, phases)
 
 
 def train(
@@ -82,11 +86,18 @@ def train(
     optimizer: torch.optim.Optimizer,
     data: Indexed,
     record: TextIO,
+    phases: dict[str, float],
 ) -> int:
     try:
         with elastic(
             model, optimizer, form_timeout=args.form_timeout, collective_timeout=args.collective_timeout
         ) as run:
+            phases["formed"] = time.time()
+            # no "world"/"round"/"step" keys: readers that count steps skip this line
+            record.write(
+                json.dumps({"started": True, "pid": os.getpid(), "joined": run.joined, "phases": phases})
+                + "\n"
+            )
             for batch in run.batches(data, batch_size=args.batch_size, epochs=args.epochs):
                 indices = [] if batch is None else [int(i) for i in batch["index"]]
                 line = {
