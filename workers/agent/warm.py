@@ -1,8 +1,8 @@
 """A warm rank interpreter: ``python -m workers.agent.warm``, started ahead of time by the
 agent's warm pool (workers/agent/warmpool.py), becomes one rank process on request.
 
-It imports torch (and torch.distributed, torch.nn, the DDP wrapper and the ``@record`` error
-machinery) and then blocks reading ONE JSON line on stdin::
+It imports torch (and torch.distributed, torch.nn, the DDP wrapper, torch._dynamo and the
+``@record`` error machinery; see :func:`preload`) and then blocks reading ONE JSON line on stdin::
 
     {"mode": "script" | "module", "target": "train.py" | "pkg.mod", "args": [...],
      "cwd": "/dir" | null, "env": {...}, "stdout": "/path", "stderr": "/path"}
@@ -28,6 +28,7 @@ CUDA_VISIBLE_DEVICES is read when the rank first touches CUDA.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import json
@@ -125,18 +126,16 @@ def restore_on_launch_signal(original: Priority | None) -> None:
 def preload() -> None:
     """The imports that dominate a rank's start-up; their cost is paid before the launch.
 
-    Not torch._dynamo, although a script's first optimizer (torch._disable_dynamo) or else
-    DistributedDataParallel's constructor imports it (0.8-2.5 s of a warm rank's start here, the
-    largest part of a plain script's restart: docs/architecture.md): imported before
-    init_process_group it made gloo DDP ranks hang at exit (1 of 25 warm rounds at first; py-spy:
-    DDP's Reducer destructor, holding the GIL, joins gloo's worker thread, which waits for the
-    GIL to drop a Python object in its work's thread-local state). Measured again: 8 of 80 ranks
-    of 40 two-rank tests/scripts/plain_ddp.py runs preloaded this way (and frozen) hung before
-    their code ended, 0 of 80 without. torch.distributed.fsdp likewise stays out.
-    Preloading just sympy (0.35 s of that import, pure Python) started ranks 0.35 s sooner but
-    made every refill that much more CPU taken from the training ranks (bench/launch_overhead,
-    one run each: steps/s 0.93 of torchrun's with it, 1.01 without)."""
+    torch._dynamo included: a script's first optimizer (``torch._disable_dynamo`` on
+    ``add_param_group``), DistributedDataParallel's constructor and every ``optimizer.step``
+    import it, so without it here a new rank spent 1.2-1.5 s of its start on that import (on
+    this 2-core machine, quiet; 0.6 s on a faster one; up to 4 s while other ranks start): the
+    largest part of an in-place joiner's start and of a plain script's restart
+    (docs/architecture.md). It stayed out until the hang it caused was understood, see
+    :func:`keep_backward_context_out_of_collectives`, which makes it safe.
+    torch.distributed.fsdp stays out: nothing a DDP rank starts with imports it."""
     import torch
+    import torch._dynamo
     import torch.distributed
     import torch.distributed.elastic.multiprocessing.errors
     import torch.nn
@@ -144,6 +143,85 @@ def preload() -> None:
     import torch.optim
 
     del torch
+    keep_backward_context_out_of_collectives()
+    let_gloo_workers_finish_before_destroy()
+
+
+def keep_backward_context_out_of_collectives() -> None:
+    """torch's ``backward()`` stashes a copy of the caller's contextvars context in the thread's
+    torch TLS (``_stash_obj_in_tls("context", ...)``, in ``autograd.graph._engine_run_backward``)
+    so that a torch.compile'd graph's backward, run on an autograd device thread, sees the
+    compiler's config. Every gloo collective launched meanwhile, such as DDP's bucket all-reduce,
+    copies that TLS, Python object included, into its work; the gloo worker thread that drops
+    the work's last reference must take the GIL to release it. At exit, pybind11 frees DDP's
+    Reducer with the GIL held, and the Reducer's ProcessGroupGloo destructor joins the worker
+    threads: when a worker is still dropping a work then, neither moves (py-spy: the main thread
+    in ``std::thread::join`` under ``~ProcessGroupGloo`` under ``Reducer`` dealloc, the worker in
+    ``gil_scoped_acquire`` under ``~ThreadLocalState`` under ``~AsyncAllreduceWork``). With
+    torch._dynamo preloaded, 2 of 30 two-rank tests/scripts/plain_ddp.py runs hung so at their
+    last line here (earlier: 8 of 80 ranks); with this function, 0 of 80; without the stash at
+    all, 0 of 60 (``bench/warm_teardown``).
+
+    The context only matters once something was compiled: so it is stashed only once dynamo has
+    compiled a graph or compiled autograd is on, and from then on exactly as torch does. Before
+    that, nothing reads it (the compiled graphs' wrappers check ``_is_key_in_tls`` first)."""
+    import torch
+    import torch._dynamo.compiled_autograd as compiled_autograd
+    from torch._dynamo.utils import counters
+
+    stash = torch._C._stash_obj_in_tls
+    if getattr(stash, "_trainyard_guard", False):
+        return
+
+    def stash_once_compiled(key: str, arg: Any) -> None:
+        if (
+            key == "context"
+            and not counters["stats"].get("unique_graphs")
+            and not compiled_autograd.compiled_autograd_enabled
+        ):
+            return
+        stash(key, arg)
+
+    stash_once_compiled._trainyard_guard = True  # type: ignore[attr-defined]
+    torch._C._stash_obj_in_tls = stash_once_compiled
+
+
+GLOO_DRAIN_SECONDS = 0.05
+
+
+def let_gloo_workers_finish_before_destroy() -> None:
+    """``torch.distributed.destroy_process_group`` first sleeps GLOO_DRAIN_SECONDS (the GIL free),
+    then destroys as torch does.
+
+    The other half of the teardown hang (see :func:`keep_backward_context_out_of_collectives`):
+    a gloo worker thread drops its reference to a finished work after waking the rank that
+    waited for it; when that rank has meanwhile dropped the Python tensor of the collective (a
+    temporary, such as a one-element flag's), the work's reference is the last one and freeing
+    the tensor's Python object needs the GIL. The worker gets it at the rank's next switch
+    interval, unless the rank first frees DDP's Reducer or destroys the group: the
+    ProcessGroupGloo destructor joins the workers with the GIL held (py-spy: the worker in
+    ``gil_scoped_acquire`` under ``TensorImpl::decref_pyobject`` under ``~AsyncAllreduceWork``).
+    With torch._dynamo preloaded a rank reaches that point sooner: 3 of 20 two-rank runs of
+    plain_ddp.py stopped by SIGTERM hung so, against 0 of 20 without the preload
+    (``bench/warm_teardown``). The pause lets a worker waiting for the GIL take it before the
+    destructor runs; a worker the kernel does not schedule for the whole pause can still hang
+    it. Scripts that free DDP or the group without destroy_process_group are not covered; the
+    SDK and torchrun-style scripts call it."""
+    import torch.distributed
+    import torch.distributed.distributed_c10d as c10d
+
+    destroy = c10d.destroy_process_group
+    if getattr(destroy, "_trainyard_drain", False):
+        return
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group: Any = None) -> None:
+        time.sleep(GLOO_DRAIN_SECONDS)
+        destroy(group)
+
+    destroy_process_group._trainyard_drain = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    torch.distributed.destroy_process_group = destroy_process_group
 
 
 def freeze_heap() -> None:
