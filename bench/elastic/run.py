@@ -66,7 +66,7 @@ BENCH_DB = os.environ.get("BENCH_DB", "trainyard_bench_elastic")
 BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 HEARTBEAT = 2.0
 STEP_SLEEP = 0.05
-TRAINED_STEPS = 40
+TRAINED_STEPS = 25
 """Each case acts once the job has trained this many steps at its world size (about 3 s), on
 Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
 second."""
