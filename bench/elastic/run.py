@@ -67,7 +67,7 @@ BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 HEARTBEAT = 2.0
 STEP_SLEEP = 0.05
 TRAINED_STEPS = 25
-"""Each case acts once the job has trained this many steps at its world size (about 3 s), on
+"""Each case acts once the job has trained this many steps at its world size (about 2 s), on
 Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
 second."""
 TORCHRUN_WAIT = 15.0
@@ -571,7 +571,11 @@ class Trainyard:
         live = {a.name for a in self.agents.agents if a.popen.poll() is None}
         for name in ("bench-a", "bench-b", "bench-c"):
             if name not in live:
-                self.agents.start(name, heartbeat=HEARTBEAT)
+                # A host that runs one rank per round keeps twice that warm; a freshly started
+                # agent first fills its pool to the cap (4). Capped at 2, a revived host is in
+                # the others' steady state after half the imports (one rank per host in every
+                # case after the rank kills, which run first).
+                self.agents.start(name, heartbeat=HEARTBEAT, extra_args=["--warm-pool", "2"])
         self.wait_online(3)
         self.wait_pools()
 
@@ -707,15 +711,25 @@ def measure_pairs(
     return ours, theirs
 
 
-def measure_plain(reps: int, ty: Trainyard, root: Path) -> dict[str, dict[str, list[float | None]]]:
+def measure_plain_rank_kill(reps: int, ty: Trainyard, root: Path) -> dict[str, dict[str, list[float | None]]]:
+    """First of all cases: the rank kill is the one case with two ranks on a host, and a freshly
+    started agent's pool holds its cap (4), enough for the job's start and its restart. After
+    the in-place cases a pool aims at twice one rank, and its first restart of two ranks would
+    wait for imports."""
     print("plain script (tests/scripts/plain_ddp.py): Trainyard restart path against torchrun", flush=True)
     results: dict[str, dict[str, list[float | None]]] = {"trainyard": {}, "torchrun": {}}
     results["trainyard"]["rank_kill"], results["torchrun"]["rank_kill"] = measure_pairs(
         reps, ty.rank_kill, torchrun_rank_kill, root
     )
+    return results
+
+
+def measure_plain_resizes(
+    reps: int, ty: Trainyard, root: Path, results: dict[str, dict[str, list[float | None]]]
+) -> None:
+    print("plain script: scale-up and node kill", flush=True)
     results["trainyard"]["scale_up"] = measure("scale-up 2→3", reps, ty.scale_up, root / "ty", reps)
     results["trainyard"]["node_kill"] = measure("node kill", reps, ty.node_kill, root / "ty", reps)
-    return results
 
 
 def measure_torchrun_resizes(
@@ -813,10 +827,12 @@ def main() -> int:
         inplace: dict[str, list[float | None]] | None = None
         plain: dict[str, dict[str, list[float | None]]] | None = None
         try:
+            if not args.inplace_only:
+                plain = measure_plain_rank_kill(args.reps, ty, root / "plain")
             if not args.plain_only:
                 inplace = measure_inplace(args.reps, ty, root / "inplace")
-            if not args.inplace_only:
-                plain = measure_plain(args.reps, ty, root / "plain")
+            if plain is not None:
+                measure_plain_resizes(args.reps, ty, root / "plain", plain)
         finally:
             ty.close()
         if plain is not None:
