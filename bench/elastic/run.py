@@ -117,7 +117,7 @@ def first_step_after(path: Path, t0: float, world: int | None = None, timeout: f
     return None
 
 
-def wait_steps(path: Path, world: int, count: int, timeout: float = 90.0) -> bool:
+def wait_steps(path: Path, world: int, count: int, timeout: float = 45.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         steps = (r for r in read_progress(path) if "step" in r and "event" not in r)
@@ -140,7 +140,7 @@ def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
     ]
 
 
-def wait_records(record: Path, world: int, count: int, timeout: float = 90.0) -> bool:
+def wait_records(record: Path, world: int, count: int, timeout: float = 45.0) -> bool:
     """elastic_count.py's record: ``count`` steps of rank 0 at ``world``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -390,9 +390,9 @@ class Trainyard:
             victim = script_pids(node.pid)[-1]
             t0 = time.time()
             os.kill(victim, signal.SIGKILL)
-            took = first_step_after(progress, t0, timeout=60)
+            took = first_step_after(progress, t0, timeout=30)
             if took is None:
-                self.missed(job, "no step within 60 s of the kill")
+                self.missed(job, "no step within 30 s of the kill")
             return took
         finally:
             self.stop(job)
@@ -408,9 +408,9 @@ class Trainyard:
             t0 = time.time()
             response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
             assert response.status_code == 200, response.content
-            took = first_step_after(progress, t0, world=3, timeout=60)
+            took = first_step_after(progress, t0, world=3, timeout=30)
             if took is None:
-                self.missed(job, "no step at world 3 within 60 s of the resize")
+                self.missed(job, "no step at world 3 within 30 s of the resize")
             return took
         finally:
             self.stop(job)
@@ -430,9 +430,9 @@ class Trainyard:
             for pid in ranks:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            took = first_step_after(progress, t0, world=2, timeout=60)
+            took = first_step_after(progress, t0, world=2, timeout=30)
             if took is None:
-                self.missed(job, "no step at world 2 within 60 s of the node kill")
+                self.missed(job, "no step at world 2 within 30 s of the node kill")
             return took
         finally:
             self.stop(job)
