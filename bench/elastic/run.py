@@ -28,8 +28,9 @@ first step of the new round, both timed from the API call; then, on a 3 x 1 job,
 the survivors' next step (in place: a newcomer replaces the rank), and a node loss (agent and
 ranks SIGKILLed) → first step at world 2, timed from the node-loss round's creation (the loss
 declared). In-place recovery is the controller's default. Without ``--plain-only`` or
-``--inplace-only`` both run, in about 10 minutes with 5 reps, and the final JSON line holds every
-figure. ``--c10d`` adds torchrun's c10d scale-up and node kill, for comparison only (no figure
+``--inplace-only`` both run (the plain rank kills first, then the in-place cases, then the plain
+scale-up and node kill), in about 9.5 minutes with 5 reps here, and the final JSON line holds every
+figure; a figure is null when one of its reps gave none (the output says why). ``--c10d`` adds torchrun's c10d scale-up and node kill, for comparison only (no figure
 depends on them; here they seldom recover within TORCHRUN_WAIT, which costs about 2 minutes).
 Needs PostgreSQL and Redis on 127.0.0.1 (a bench database is created and dropped).
 
@@ -38,6 +39,7 @@ the agents' logs and plain_ddp.py's ``phases``; docs/architecture.md has the tab
 rank kill ≈ exit seen 0.05 s + report, settlement and new round 0.15 s + survivor killed and
 round ended 0.1 s + warm hand-over 0.03 s + init_process_group 0.02-0.3 s + the first optimizer
 importing torch._dynamo 0.8-2.5 s + DDP 0.01 s + DataLoader worker and first step 0.15-0.3 s.
+The dynamo import is gone since: the warm pool preloads it (workers/agent/warm.py).
 """
 
 from __future__ import annotations
