@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 import time
 
 import pytest
 import torch.distributed as dist
 
+from tests.support.agents import free_port
 from workers.sdk.elastic import wait_listening
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_a_store_that_never_listens_is_a_timeout() -> None:

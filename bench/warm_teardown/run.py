@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,17 +43,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.support import procs  # noqa: E402
+from tests.support.agents import free_port  # noqa: E402
 
 RANK = Path(__file__).resolve().parent / "rank.py"
 VARIANTS = ("guarded", "unguarded", "lean")
 STEPS = 30
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def one_run(variant: str, work: Path, hang_after: float, end: str) -> tuple[str, float]:

@@ -131,8 +131,9 @@ def preload() -> None:
     import it, so without it here a new rank spent 1.2-1.5 s of its start on that import (on
     this 2-core machine, quiet; 0.6 s on a faster one; up to 4 s while other ranks start): the
     largest part of an in-place joiner's start and of a plain script's restart
-    (docs/architecture.md). It stayed out until the hang it caused was understood, see
-    :func:`keep_backward_context_out_of_collectives`, which makes it safe.
+    (docs/architecture.md). It stayed out until the hang it caused at exit was understood; the
+    two guards below work around it (:func:`keep_backward_context_out_of_collectives`,
+    :func:`let_gloo_workers_finish_before_destroy`).
     torch.distributed.fsdp stays out: nothing a DDP rank starts with imports it."""
     import torch
     import torch._dynamo
@@ -160,7 +161,7 @@ def keep_backward_context_out_of_collectives() -> None:
     ``gil_scoped_acquire`` under ``~ThreadLocalState`` under ``~AsyncAllreduceWork``). With
     torch._dynamo preloaded, 2 of 30 two-rank tests/scripts/plain_ddp.py runs hung so at their
     last line here (earlier: 8 of 80 ranks); with this function, 0 of 80; without the stash at
-    all, 0 of 60 (``bench/warm_teardown``).
+    all, 0 of 60 (a harness like ``bench/warm_teardown --end steps``).
 
     The context only matters once something was compiled: so it is stashed only once dynamo has
     compiled a graph or compiled autograd is on, and from then on exactly as torch does. Before

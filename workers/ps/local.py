@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers import net
 from workers.ps import contract
 from workers.ps.client import CoordinatorClient, PsClient
 from workers.ps.contract import Mode, PsEnv, Role
@@ -31,17 +32,7 @@ def free_port() -> int:
 
 def wait_listening(address: str, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
     host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=0.5):
-                return
-        except OSError:
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"the process for {address} exited with {process.returncode}") from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on {address} after {timeout} s") from None
-            time.sleep(0.05)
+    net.wait_listening(host, int(port), timeout, process=process)
 
 
 @dataclass

@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -58,6 +57,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from workers.net import wait_listening
 from workers.sdk.elastic_control import (
     ENV_CONTROL,
     FAILED,
@@ -80,24 +80,7 @@ DEFAULT_COLLECTIVE_TIMEOUT = 10.0
 
 
 STORE_POLL_SECONDS = 0.005
-
-
-def wait_listening(host: str, port: int, timeout: float) -> None:
-    """Returns once ``host:port`` accepts a connection (TimeoutError after ``timeout``).
-
-    A TCPStore client that finds its server not listening yet retries with an exponential
-    backoff: a server up 0.6 s after the client's first try was reached 0.57 s later still.
-    Round changes race that way (the new round's rank 0 opens the store at the same boundary
-    the others connect), so the clients first wait here, in steps of STORE_POLL_SECONDS."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, timeout))):
-                return
-        except OSError as error:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"the round's store {host}:{port} is not listening: {error}") from error
-            time.sleep(STORE_POLL_SECONDS)
+"""How often a round's store clients look whether its rank 0 listens yet (see _open_store)."""
 
 
 def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
@@ -383,8 +366,14 @@ class ElasticRun:
         return f"trainyard/{control.job_id}/{control.round}/{name}"
 
     def _open_store(self, control: Control) -> dist.TCPStore:
+        """The round's store; rank 0 hosts it. A TCPStore client that finds its server not
+        listening yet retries with an exponential backoff (a server up 0.6 s after the client's
+        first try was reached 0.57 s later still), and at a round change the new rank 0 opens
+        the store at the same boundary the others connect: so the clients first wait for it."""
         if control.rank != 0:
-            wait_listening(control.master_addr, control.master_port, self.form_timeout)
+            wait_listening(
+                control.master_addr, control.master_port, self.form_timeout, poll=STORE_POLL_SECONDS
+            )
         return dist.TCPStore(
             control.master_addr,
             control.master_port,
