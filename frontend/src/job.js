@@ -22,10 +22,14 @@ const HISTORY_LINES = 20000;
 const REFRESH_EVERY_MS = 5000;
 
 const job = { state: config.state, round: config.round, progress: config.progress || {}, restarts: config.restarts };
-const progress = new ProgressCard(job, config.total_steps);
+const progress = new ProgressCard(job, { total: config.total_steps, unit: config.progress_unit });
 const logs = new LogPanel(jobId);
 const events = new EventList({ onRootCause: (cause) => logs.showFailure(cause) });
-const metrics = new MetricsPanel(config, { onTotal: (total) => progress.setTotal(total), onNewRound: () => scheduleRefresh() });
+const metrics = new MetricsPanel(config, {
+  onTotal: (total) => progress.setTotal(total),
+  onNewRound: () => scheduleRefresh(),
+  onStep: (round, step) => progress.noteStep(round, step),
+});
 const ranks = new RanksTable(jobId, {
   onTiming: (seconds) => progress.setStepTime(seconds),
   onRanks: (list, stragglers) => metrics.charts.loadRanks(list, stragglers).catch(() => {}),

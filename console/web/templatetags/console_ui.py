@@ -9,27 +9,14 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-register = template.Library()
+from console.jobs import progress as job_progress
 
-_TOTAL_KEYS = ("total_steps", "max_steps", "steps_total", "total")
+register = template.Library()
 
 
 def progress_fraction(progress: Any) -> float | None:
-    """0..1 when the job reports how far it is, else None.
-
-    Workloads report either ``fraction`` or a ``step`` with a total; both are accepted so the
-    page does not depend on one workload's choice.
-    """
-    if not isinstance(progress, dict):
-        return None
-    fraction = progress.get("fraction")
-    if isinstance(fraction, int | float):
-        return max(0.0, min(1.0, float(fraction)))
-    step = progress.get("step")
-    total = next((progress[k] for k in _TOTAL_KEYS if isinstance(progress.get(k), int | float)), None)
-    if isinstance(step, int | float) and total:
-        return max(0.0, min(1.0, float(step) / float(total)))
-    return None
+    """0..1 when the job's progress has a total, else None (console/jobs/progress.py)."""
+    return job_progress.fraction(progress)
 
 
 @register.filter
@@ -40,18 +27,8 @@ def percent(progress: Any) -> int | None:
 
 @register.filter
 def progress_label(progress: Any) -> str:
-    if not isinstance(progress, dict) or not progress:
-        return "—"
-    step = progress.get("step")
-    total = next((progress[k] for k in _TOTAL_KEYS if progress.get(k) is not None), None)
-    fraction = progress_fraction(progress)
-    if step is not None and total is not None:
-        return f"{step}/{total}"
-    if step is not None:
-        return f"step {step}"
-    if fraction is not None:
-        return f"{round(fraction * 100)}%"
-    return "—"
+    """``1,200/4,000 steps``, ``3,072,000/4,608,000 examples``, ``step 1,200`` (no total)."""
+    return job_progress.label(progress)
 
 
 @register.filter

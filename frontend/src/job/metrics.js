@@ -4,12 +4,14 @@ import { JobCharts } from "../jobcharts.js";
 import { $ } from "./dom.js";
 
 export class MetricsPanel {
-  // onTotal(total): the script's total_steps arrived live; onNewRound(): a new round's first points.
-  constructor(config, { onTotal, onNewRound }) {
+  // onTotal(total): the script's total_steps arrived live; onNewRound(): a new round's first
+  // points; onStep(round, step): a frame's newest step.
+  constructor(config, { onTotal, onNewRound, onStep }) {
     this.lastFrame = 0;
     this.liveRound = config.round;
     this.gapPending = false;
     this.onNewRound = onNewRound;
+    this.onStep = onStep;
     this.charts = new JobCharts(config.id, $("charts"), { names: config.names, onTotal });
     const group = this.charts.group;
     // The boundaries drawn on the charts, also as text (for screen readers, and to read exact steps).
@@ -58,12 +60,14 @@ export class MetricsPanel {
   onFrame(data) {
     if (data.frame && this.lastFrame && data.frame > this.lastFrame + 1) this.refetchGap();
     if (data.frame) this.lastFrame = data.frame;
+    // total_steps is logged at step 0 whatever the step: it is no step taken.
+    const steps = Object.entries(data.series || {})
+      .filter(([name]) => name !== "total_steps")
+      .flatMap(([, pts]) => pts.map((p) => p[0]));
+    if (data.round && steps.length) this.onStep(data.round, Math.max(...steps));
     if (data.round && data.round > this.liveRound) {
-      // A new round's first points: its boundary goes where they start (total_steps is logged at
-      // step 0 whatever the step, so it does not count). The first round has nothing before it.
-      const steps = Object.entries(data.series || {})
-        .filter(([name]) => name !== "total_steps")
-        .flatMap(([, pts]) => pts.map((p) => p[0]));
+      // A new round's first points: its boundary goes where they start. The first round has
+      // nothing before it.
       if (steps.length) {
         if (this.liveRound >= 1) {
           this.charts.group.addBoundary({ round: data.round, step: Math.min(...steps), reason: "new round", world: null });
