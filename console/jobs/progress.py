@@ -136,15 +136,23 @@ def fraction(stored: Any) -> float | None:
     return max(0.0, min(1.0, progress.step / progress.total))
 
 
-def label(stored: Any) -> str:
-    """``1,200/4,000 steps``, ``3,072,000/4,608,000 examples``, ``step 1,200`` (no total)."""
+def parts(stored: Any) -> tuple[str, str]:
+    """The label's number part and its unit: ("1,200/4,000", "steps"), ("step 1,200", "")."""
     progress = read(stored)
     if progress is None:
         share = fraction(stored)
-        return "—" if share is None else f"{round(share * 100)}%"
+        return ("—" if share is None else f"{round(share * 100)}%"), ""
     if progress.total:
-        return f"{progress.step:,}/{progress.total:,} {progress.unit}"
-    return f"step {progress.step:,}" if progress.unit == STEPS else f"{progress.step:,} {progress.unit}"
+        return f"{progress.step:,}/{progress.total:,}", progress.unit
+    if progress.unit == STEPS:
+        return f"step {progress.step:,}", ""
+    return f"{progress.step:,}", progress.unit
+
+
+def label(stored: Any) -> str:
+    """``1,200/4,000 steps``, ``3,072,000/4,608,000 examples``, ``step 1,200`` (no total)."""
+    value, unit = parts(stored)
+    return f"{value} {unit}" if unit else value
 
 
 # --- reading the rows -------------------------------------------------------------------------

@@ -129,5 +129,7 @@ def page_config(job: Job) -> dict[str, Any]:
         # is not its progress (console/jobs/progress.py).
         "total_steps": None if job.is_parameter_server else progress_total(job, names),
         "progress_unit": progress.EXAMPLES if job.is_parameter_server else progress.STEPS,
+        # Its role series (ps_*, worker_*, queue_*) go on the role charts, not one chart each.
+        "parameter_server": job.is_parameter_server,
         "events": recent_events(job),
     }

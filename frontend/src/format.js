@@ -24,15 +24,21 @@ export function progressFraction(progress) {
 
 const count = (n) => n.toLocaleString("en-US");
 
-// "1,200/4,000 steps", "3,072,000/4,608,000 examples", "step 1,200" (no total).
-export function progressLabel(progress) {
+// The label's number part and its unit: ["1,200/4,000", "steps"], ["step 1,200", ""].
+export function progressParts(progress) {
   const p = readProgress(progress);
   if (!p) {
     const f = progressFraction(progress);
-    return f === null ? "—" : `${Math.round(f * 100)}%`;
+    return [f === null ? "—" : `${Math.round(f * 100)}%`, ""];
   }
-  if (p.total) return `${count(p.step)}/${count(p.total)} ${p.unit}`;
-  return p.unit === "steps" ? `step ${count(p.step)}` : `${count(p.step)} ${p.unit}`;
+  if (p.total) return [`${count(p.step)}/${count(p.total)}`, p.unit];
+  return p.unit === "steps" ? [`step ${count(p.step)}`, ""] : [count(p.step), p.unit];
+}
+
+// "1,200/4,000 steps", "3,072,000/4,608,000 examples", "step 1,200" (no total).
+export function progressLabel(progress) {
+  const [value, unit] = progressParts(progress);
+  return unit ? `${value} ${unit}` : value;
 }
 
 export function setBadge(el, state) {

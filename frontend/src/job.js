@@ -11,6 +11,7 @@ import { EventList } from "./job/events.js";
 import { LogPanel } from "./job/logs.js";
 import { MetricsPanel } from "./job/metrics.js";
 import { ProgressCard } from "./job/progress.js";
+import { ROLE_SERIES, RoleCharts } from "./job/rolecharts.js";
 import { RanksTable } from "./job/ranks.js";
 import { refreshRoleStats } from "./job/roles.js";
 import { renderRounds } from "./job/rounds.js";
@@ -29,7 +30,9 @@ const metrics = new MetricsPanel(config, {
   onTotal: (total) => progress.setTotal(total),
   onNewRound: () => scheduleRefresh(),
   onStep: (round, step) => progress.noteStep(round, step),
+  skip: config.parameter_server ? (name) => ROLE_SERIES.test(name) : null,
 });
+const roleCharts = config.parameter_server ? new RoleCharts(jobId, $("role-charts"), metrics.charts.group, config.names) : null;
 const ranks = new RanksTable(jobId, {
   onTiming: (seconds) => progress.setStepTime(seconds),
   onRanks: (list, stragglers) => metrics.charts.loadRanks(list, stragglers).catch(() => {}),
@@ -125,11 +128,16 @@ progress.render();
 metrics.load(config.first_url, () => {
   logs.loadHistory(HISTORY_LINES).catch(() => {});
   refreshDetail();
+  roleCharts?.refresh();
 });
 refreshRoleStats(jobId).catch(() => {});
 setInterval(() => {
   if (TERMINAL.has(job.state)) return;
   ranks.refresh().catch(() => {});
   refreshRoleStats(jobId).catch(() => {});
+  roleCharts?.refresh();
+  // Live frames carry rank 0's points: a parameter-server job's rank 0 is its coordinator, so
+  // its workers' loss and throughput are read by range.
+  if (config.parameter_server) metrics.refetchGap();
   refreshCheckpoints(jobId).catch(() => {});
 }, REFRESH_EVERY_MS);

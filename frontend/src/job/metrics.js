@@ -6,13 +6,14 @@ import { $ } from "./dom.js";
 export class MetricsPanel {
   // onTotal(total): the script's total_steps arrived live; onNewRound(): a new round's first
   // points; onStep(round, step): a frame's newest step.
-  constructor(config, { onTotal, onNewRound, onStep }) {
+  // skip(name): a series charted elsewhere (a parameter-server job's role series).
+  constructor(config, { onTotal, onNewRound, onStep, skip }) {
     this.lastFrame = 0;
     this.liveRound = config.round;
     this.gapPending = false;
     this.onNewRound = onNewRound;
     this.onStep = onStep;
-    this.charts = new JobCharts(config.id, $("charts"), { names: config.names, onTotal });
+    this.charts = new JobCharts(config.id, $("charts"), { names: config.names, onTotal, skip });
     const group = this.charts.group;
     // The boundaries drawn on the charts, also as text (for screen readers, and to read exact steps).
     group.onBoundaries = (list) => {

@@ -5,7 +5,7 @@
 // A step-counted job's live metric frames carry newer steps between heartbeats, so the card
 // follows them too (within the recorded round or a later one), and the script's own total
 // (sdk.progress, the total_steps metric) arrives with them.
-import { formatDuration, formatNumber, progressLabel, readProgress, TERMINAL } from "../format.js";
+import { formatDuration, formatNumber, progressParts, readProgress, TERMINAL } from "../format.js";
 import { $ } from "./dom.js";
 
 // Weight of the newest rate in the examples/s estimate (an exponential moving average).
@@ -88,7 +88,11 @@ export class ProgressCard {
     const label = $("job-progress");
     const eta = $("job-eta");
     if (progress && progress.unit !== "steps") this.measureRate(progress);
-    label.textContent = progressLabel(progress || this.job.progress);
+    const [value, unit] = progressParts(progress || this.job.progress);
+    const small = document.createElement("span");
+    small.className = "stat-unit";
+    small.textContent = unit;
+    label.replaceChildren(value, unit ? " " : "", small);
     if (progress && progress.total) {
       const percent = Math.round(Math.max(0, Math.min(1, progress.step / progress.total)) * 100);
       bar.style.width = `${percent}%`;
