@@ -73,6 +73,8 @@ async function refreshDetail() {
     $("world-size").textContent = current && !TERMINAL.has(detail.state) ? current.world_size : "—";
     metrics.updateBoundaries(rounds);
     refreshCheckpoints(jobId).catch(() => {});
+    refreshRoleStats(jobId).catch(() => {});
+    roleCharts?.refresh();
     await ranks.refresh(current);
   } catch {
     // The next state change or poll tries again.
