@@ -109,7 +109,7 @@ def status(job: Job, number: int, last_step: int | None, total: int | None = Non
     out: dict[str, Any] = {
         "job_id": job.pk,
         "round": number,
-        "state": protocol.RoundState.RUNNING,
+        "state": more.pop("state", protocol.RoundState.RUNNING),
         "ranks": [],
         "last_step": last_step,
         "first_step_at": time.time() if last_step is not None else None,
@@ -194,8 +194,15 @@ def test_a_restart_round_reads_from_where_it_resumed(decide: Decide) -> None:
     decide(actions.restart_job, job.pk, None)
     job.refresh_from_db()
     assert job.round_number == 2 and job.current_round().reason == RoundReason.RESTART
-    beat(decide, "a", status(job, 2, 104))
+    # The agent still lists round 1 beside round 2: its last steps, logged after its last
+    # heartbeat, are where the job is until round 2 logs a step
+    round_1_ended = status(job, 1, 180, state=protocol.RoundState.STOPPED)
+    beat(decide, "a", status(job, 2, None), round_1_ended)
+    assert stored(job) == {"step": 180, "total": 300, "unit": "steps", "round": 1}
+    beat(decide, "a", status(job, 2, 104), round_1_ended)
     assert stored(job) == {"step": 104, "total": 300, "unit": "steps", "round": 2}
+    beat(decide, "a", status(job, 2, 106), round_1_ended)  # round 1's word is stale by now
+    assert stored(job)["step"] == 106
 
 
 def ps_job(name: str = "ps") -> Job:

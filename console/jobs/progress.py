@@ -182,12 +182,12 @@ def queue_reading(job: Job, rnd: Round, rank: int) -> Progress | None:
     return from_queue({name: point[0] for (_, name), point in latest.items()}, rnd.number)
 
 
-def steps_reading(job: Job, rnd: Round, status: protocol.RoundStatus) -> Progress | None:
-    step = _whole(status.get("last_step"))
-    if step is None:
+def steps_reading(job: Job, number: int, status: protocol.RoundStatus | None) -> Progress | None:
+    step = _whole(status.get("last_step")) if status is not None else None
+    if status is None or step is None:
         return None
     total = _whole(status.get("total_steps")) or _configured_total(job)
-    return Progress(step, total, STEPS, rnd.number)
+    return Progress(step, total, STEPS, number)
 
 
 def _store(job: Job, reading: Progress | None, rnd: Round) -> bool:
@@ -201,15 +201,21 @@ def _store(job: Job, reading: Progress | None, rnd: Round) -> bool:
     return True
 
 
-def record_heartbeat(job: Job, alloc: Allocation, status: protocol.RoundStatus) -> bool:
-    """A heartbeat's round status onto ``job.progress`` (job locked by the caller; not saved).
-    For a parameter-server job only the coordinator's host's heartbeat reads the queue (one
-    short indexed read). Returns True when the progress changed."""
+def record_heartbeat(
+    job: Job, alloc: Allocation, status: protocol.RoundStatus, before: protocol.RoundStatus | None = None
+) -> bool:
+    """A heartbeat's status of the job's current round onto ``job.progress`` (job locked by the
+    caller; not saved). ``before``: the same heartbeat's status of the round before, if the agent
+    still lists it: its last steps count until the current round logs its own (a reading of an
+    older round than the one recorded changes nothing). For a parameter-server job only the
+    coordinator's host's heartbeat reads the queue (one short indexed read). Returns True when
+    the progress changed."""
     rnd = alloc.round
     if job.is_parameter_server:
         rank = _coordinator(rnd, alloc)
         return rank is not None and _store(job, queue_reading(job, rnd, rank), rnd)
-    return _store(job, steps_reading(job, rnd, status), rnd)
+    earlier = _store(job, steps_reading(job, rnd.number - 1, before), rnd)
+    return _store(job, steps_reading(job, rnd.number, status), rnd) or earlier
 
 
 def last_logged_step(job: Job, number: int) -> int | None:
