@@ -165,7 +165,7 @@ def make_cluster(owner: User) -> Job:
         state="RUNNING",
         round_number=2,
         restarts=1,
-        progress={"step": STEPS},
+        progress={"step": STEPS, "total": 1000, "unit": "steps", "round": 2},
         hyperparameters={"lr": 0.003, "batch_size": 16},
         started_at=now,
     )

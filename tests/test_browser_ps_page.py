@@ -256,4 +256,12 @@ def test_a_ps_job_page_groups_its_role_series_into_a_chart_per_role(console_url:
         page.locator("#role-charts").screenshot(path=str(ARTIFACTS / "job-ps-roles.png"))
         page.locator("#rounds-card").screenshot(path=str(ARTIFACTS / "job-ps-rounds.png"))
         shot(page, "job-ps")
+
+        # And the dashboard and the jobs list say the same, with the unit
+        for path in ("/", "/jobs/"):
+            page.goto(f"{console_url}{path}")
+            row = page.locator(f'#job-table tr[data-job-id="{job.pk}"] [data-field="progress"]')
+            expect(row.locator(".progress-label")).to_have_text("1,228,800/3,072,000 examples")
+            expect(row.locator(".progress-bar")).to_have_attribute("style", re.compile("width: 40%"))
+        page.locator("#job-table").screenshot(path=str(ARTIFACTS / "jobs-ps.png"))
     assert errors == []
