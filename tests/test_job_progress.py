@@ -22,7 +22,7 @@ from console.cluster.models import Node
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs import actions, progress, reports, scheduler
-from console.jobs.models import Job
+from console.jobs.models import Job, Round
 from console.jobs.progress import EXAMPLES, SHARDS, STEPS, Progress, combine, from_queue, label
 from console.jobs.rounds import finish_job
 from console.telemetry.ingest.storage import MetricBatch, store_metrics
@@ -131,6 +131,12 @@ def running(decide: Decide, job: Job) -> Job:
     return job
 
 
+def current(job: Job) -> Round:
+    rnd = job.current_round()
+    assert rnd is not None
+    return rnd
+
+
 def stored(job: Job) -> dict[str, Any]:
     job.refresh_from_db()
     return dict(job.progress)
@@ -176,7 +182,7 @@ def test_an_in_place_job_goes_on_from_its_last_step_after_a_resize(decide: Decid
     beat(decide, "a", status(job, 1, 570))
     decide(actions.resize_job, job.pk, 3, None)
     job.refresh_from_db()
-    assert job.round_number == 2 and job.current_round().carry_over["from_round"] == 1
+    assert job.round_number == 2 and current(job).carry_over["from_round"] == 1
     # The joiner's host has logged nothing in round 2 yet; the survivors' hosts went on
     beat(decide, "c", status(job, 2, None, inplace="pending"))
     beat(decide, "b", status(job, 2, 560, inplace="pending"))
@@ -193,7 +199,7 @@ def test_a_restart_round_reads_from_where_it_resumed(decide: Decide) -> None:
     beat(decide, "a", status(job, 1, 150))
     decide(actions.restart_job, job.pk, None)
     job.refresh_from_db()
-    assert job.round_number == 2 and job.current_round().reason == RoundReason.RESTART
+    assert job.round_number == 2 and current(job).reason == RoundReason.RESTART
     # The agent still lists round 1 beside round 2: its last steps, logged after its last
     # heartbeat, are where the job is until round 2 logs a step
     round_1_ended = status(job, 1, 180, state=protocol.RoundState.STOPPED)
@@ -242,12 +248,12 @@ def queue(examples_done: int, per_epoch: int = 3_072_000, epochs: int = 1) -> di
 
 
 def ranks_of(job: Job) -> dict[str, int]:
-    rnd = job.current_round()
+    rnd = current(job)
     return {f"{p['role']} {p['index']}": int(p["rank"]) for a in rnd.allocations.all() for p in a.processes}
 
 
 def host_of(job: Job, process: str) -> str:
-    for alloc in job.current_round().allocations.select_related("node"):
+    for alloc in current(job).allocations.select_related("node"):
         if any(f"{p['role']} {p['index']}" == process for p in alloc.processes):
             return str(alloc.node.name)
     raise AssertionError(f"no {process} in the round")
@@ -289,7 +295,7 @@ def test_a_finished_jobs_last_telemetry_settles_its_progress(decide: Decide) -> 
     plain = make_job("plain")
     Job.objects.filter(pk=plain.pk).update(hyperparameters={"steps": 300})
     plain = running(decide, plain)
-    host = plain.current_round().allocations.get().node.name
+    host = current(plain).allocations.get().node.name
     beat(decide, host, status(plain, 1, 290))
     log_points(plain, 0, 290, {"loss": 0.5}, seq=1)
     # When both end, and their last points reach the database afterwards (the coordinator's
