@@ -78,6 +78,8 @@ class RoleChart {
     this.names = new Set([...Object.keys(KNOWN), ...names].filter((n) => n.startsWith(family.prefix) && !NOT_CHARTED.has(n)));
     this.metric = this.names.has(family.first) ? family.first : [...this.names][0];
     this.indexes = [];
+    this.generation = 0; // bumped when the metric or the process changes
+    this.inflight = null;
     this.chart = new MetricChart(group, container, { id: `role-${family.role}`, title: family.title, xLabel: family.xLabel, ...this.axis() });
     this.chart.element.classList.add("role-chart");
     const tools = document.createElement("div");
@@ -125,10 +127,24 @@ class RoleChart {
     this.reload();
   }
 
+  // A new metric or process: what is held goes, and any answer still on its way is ignored.
   reload() {
+    this.generation += 1;
+    this.inflight = null;
     this.chart.dropSeries(new Set());
     this.chart.invalidate();
     return this.refresh().catch(() => {});
+  }
+
+  // One request at a time: a refresh asked for while one runs shares it.
+  refresh() {
+    if (!this.inflight) {
+      const generation = this.generation;
+      this.inflight = this.fetch(generation).finally(() => {
+        if (generation === this.generation) this.inflight = null;
+      });
+    }
+    return this.inflight;
   }
 
   seriesName(index) {
@@ -136,19 +152,18 @@ class RoleChart {
   }
 
   // Each shown process's history once, then only the steps after the last one held.
-  async refresh() {
+  async fetch(generation) {
     const shown = this.processSelect && this.processSelect.value !== "" ? [Number(this.processSelect.value)] : null;
     const held = [...this.chart.series.values()].map((entry) => (entry.data.length ? entry.data.lastX() : null));
     const from = held.length && !held.includes(null) ? Math.min(...held) + 1 : null;
-    const metric = this.metric;
-    const params = new URLSearchParams({ role: this.family.role, name: metric, points: String(POINTS) });
+    const params = new URLSearchParams({ role: this.family.role, name: this.metric, points: String(POINTS) });
     if (from !== null) params.set("from", String(from));
     const body = await getJSON(`/api/v1/jobs/${this.jobId}/metrics/roles/series/?${params}`);
-    if (metric !== this.metric) return; // another metric was picked meanwhile
+    if (generation !== this.generation) return; // another metric or process was picked meanwhile
     if (this.round !== null && body.round !== this.round) {
       this.chart.dropSeries(new Set()); // a new round: its processes start their own counts
       this.round = body.round;
-      return this.refresh();
+      return this.fetch(generation);
     }
     this.round = body.round;
     const indexes = Object.keys(body.series).map(Number).sort((a, b) => a - b);
@@ -176,6 +191,9 @@ export class RoleCharts {
       return new RoleChart(jobId, family, container, group, names);
     });
     window.addEventListener("resize", () => this.charts.forEach((c) => c.chart.resize()));
+    matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () =>
+      this.charts.forEach(({ chart }) => { chart.rebuild = true; chart.invalidate(); }),
+    );
   }
 
   refresh() {
