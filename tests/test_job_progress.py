@@ -211,7 +211,7 @@ def test_a_restart_round_reads_from_where_it_resumed(decide: Decide) -> None:
     assert stored(job)["step"] == 106
 
 
-def ps_job(name: str = "ps") -> Job:
+def ps_job(name: str = "ps", mode: str = "async") -> Job:
     job = Job(
         name=name,
         entrypoint="/bin/true",
@@ -219,7 +219,7 @@ def ps_job(name: str = "ps") -> Job:
         max_nodes=2,
         desired_nodes=2,
         strategy="parameter_server",
-        roles={"ps": {"count": 2, "mode": "async"}, "worker": {"count": 3, "min": 1, "max": 8}},
+        roles={"ps": {"count": 2, "mode": mode}, "worker": {"count": 3, "min": 1, "max": 8}},
         hyperparameters={"steps": 4000},
         grace_period=12.0,
     )
@@ -264,10 +264,13 @@ def end(job: Job) -> None:
         finish_job(Job.lock(job.pk), JobState.SUCCEEDED, "done")
 
 
-def test_a_ps_job_counts_the_coordinators_examples_not_its_processes_own_counters(decide: Decide) -> None:
+@pytest.mark.parametrize("mode", ["async", "sync", "hybrid"])
+def test_a_ps_job_counts_the_coordinators_examples_not_its_processes_own_counters(
+    decide: Decide, mode: str
+) -> None:
     make_node("a", slots=3)
     make_node("b", slots=3)
-    job = running(decide, ps_job())
+    job = running(decide, ps_job(mode=mode))
     ranks = ranks_of(job)
     # Given the processes' telemetry: worker 0 at push 4,220,928, PS 0 at version 9,000,000, and
     # the coordinator's queue at 1,228,800 of 3,072,000 examples
