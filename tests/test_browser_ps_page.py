@@ -264,4 +264,11 @@ def test_a_ps_job_page_groups_its_role_series_into_a_chart_per_role(console_url:
             expect(row.locator(".progress-label")).to_have_text("1,228,800/3,072,000 examples")
             expect(row.locator(".progress-bar")).to_have_attribute("style", re.compile("width: 40%"))
         page.locator("#job-table").screenshot(path=str(ARTIFACTS / "jobs-ps.png"))
+
+        # And in the light theme axe finds nothing serious either
+        light = new_page(browser, errors, color_scheme="light")
+        log_in(light, console_url, "victor", "pw-viewer-1")
+        light.goto(f"{console_url}/jobs/{job.pk}/")
+        expect(light.locator('[data-chart="role-ps"] .chart-legend')).to_contain_text("PS 1 ")
+        assert_accessible(light, "ps job page (light)")
     assert errors == []
