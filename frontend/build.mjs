@@ -1,20 +1,22 @@
-// Bundles src/*.js (with uPlot from node_modules) into public/js/ and copies uPlot's stylesheet
-// into public/css/. Each output starts with a banner naming the uPlot version it bundles and a
+// Bundles each page's src/<page>.js, with the modules it imports (the job page's are in src/job/)
+// and uPlot from node_modules, into public/js/ and copies uPlot's stylesheet into public/css/. Each output starts with a banner naming the uPlot version it bundles and a
 // digest of the sources, which tests/test_frontend_build.py compares with package-lock.json and
 // src/: a stale or mismatched build fails the suite. Run: npm ci && npm run build.
 import { createHash } from "node:crypto";
 import { readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
-import { join } from "node:path";
+import { join, sep } from "node:path";
 import * as esbuild from "esbuild";
 
 const here = new URL(".", import.meta.url).pathname;
 const src = join(here, "src");
 const uplot = JSON.parse(readFileSync(join(here, "node_modules/uplot/package.json"), "utf8"));
 
-// The digest covers every source file (sorted by name), so editing one without building shows.
+// The digest covers every source file, in src/ and its folders (by path relative to src/, sorted),
+// so editing one without building shows.
 export function sourceDigest() {
   const hash = createHash("sha256");
-  for (const name of readdirSync(src).filter((n) => n.endsWith(".js")).sort()) {
+  const names = readdirSync(src, { recursive: true }).map((n) => n.split(sep).join("/"));
+  for (const name of names.filter((n) => n.endsWith(".js")).sort()) {
     hash.update(name + "\0");
     hash.update(readFileSync(join(src, name)));
     hash.update("\0");

@@ -88,6 +88,8 @@ GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 403  401
 *      /api/v1/jobs/{job}/metrics/ranks/   401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 403  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/   401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 403  401 401 401
+*      /api/v1/jobs/{job}/metrics/roles/series/  401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/nodes/                      401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/nodes/                      401 403 405 405  403 403 405 403  401 401 401
 GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 403  401 401 401

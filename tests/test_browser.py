@@ -165,7 +165,7 @@ def make_cluster(owner: User) -> Job:
         state="RUNNING",
         round_number=2,
         restarts=1,
-        progress={"step": STEPS},
+        progress={"step": STEPS, "total": 1000, "unit": "steps", "round": 2},
         hyperparameters={"lr": 0.003, "batch_size": 16},
         started_at=now,
     )
@@ -320,11 +320,18 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         )
         # the rounds table marks the in-place round and how long its change took
         newest = page.locator("#rounds-body tr").first
-        expect(newest.locator(".badge")).to_have_text("in place")
+        expect(newest.locator("td").nth(1).locator(".badge")).to_have_text("in place")
         expect(newest).to_contain_text("0.94 s")
-        expect(page.locator("#rounds-body tr").nth(1).locator(".badge")).to_have_count(0)
+        expect(page.locator("#rounds-body tr").nth(1).locator("td").nth(1).locator(".badge")).to_have_count(0)
+        # each allocation on a line of its own: node, node rank, global ranks, GPUs, state
+        lines = newest.locator(".allocs li")
+        expect(lines).to_have_count(2)
+        expect(lines.nth(0)).to_have_text("gpu-a node rank 0 · ranks 0\u20131 · GPU 0, 1 RUNNING")
+        expect(lines.nth(1)).to_have_text("gpu-b node rank 1 · ranks 2\u20133 · GPU 0, 1 RUNNING")
+        expect(lines.nth(0).locator("a")).to_have_attribute("href", "/nodes/gpu-a/")
+        expect(page.locator("#rounds-body tr").nth(1).locator(".allocs li").nth(0)).to_contain_text("FAILED")
         # progress from the script's own total (sdk.progress → total_steps), with an ETA
-        expect(page.locator("#job-progress")).to_have_text(f"{STEPS}/1000")
+        expect(page.locator("#job-progress")).to_have_text(f"{STEPS}/1,000 steps")
         expect(page.locator("#job-eta")).to_contain_text("ETA")
         # ranks: one row each, the slow one marked
         expect(page.locator("#ranks-body tr")).to_have_count(4)

@@ -111,7 +111,7 @@ def walk(browser: Any, page: Any, live_console: LiveConsole, errors: list[str], 
     legend = page.locator('[data-chart="loss"] .legend-item').first
     first_step = int((legend.text_content() or "").rsplit("@ ", 1)[1])
     expect(legend).not_to_contain_text(f"@ {first_step}", timeout=20000)  # newer points keep coming
-    expect(page.locator("#job-progress")).to_have_text(re.compile(r"^\d+/100000$"))
+    expect(page.locator("#job-progress")).to_have_text(re.compile(r"^[\d,]+/100,000 steps$"))
     expect(page.locator("#ranks-body tr")).to_have_count(2)
     mark("live points")
 

@@ -19,7 +19,7 @@ from django.db import connections
 from console.cluster.models import Node
 from console.jobs import actions
 from console.jobs.models import Job
-from tests.support.browser import assert_accessible, chromium, log_in, new_page
+from tests.support.browser import assert_accessible, chromium, log_in, new_page, shot
 from tests.support.controller import wait_for
 from tests.support.live import LiveConsole
 from tests.support.ps import COUNT_WORKER
@@ -128,7 +128,11 @@ def test_the_job_page_shows_each_role_live_from_a_running_ps_job(
                 *("--examples", str(examples), "--shard-size", str(shard), "--batch-size", "50"),
                 *("--sleep", "0.05"),
             ],
-            env={"TRAINYARD_PS_STATS_EVERY_S": "1", "TRAINYARD_PS_LEASE_S": "5"},
+            env={
+                "TRAINYARD_PS_STATS_EVERY_S": "1",
+                "TRAINYARD_PS_LEASE_S": "5",
+                "TRAINYARD_PS_CHECKPOINT_EVERY_S": "1",
+            },
             strategy="parameter_server",
             roles={"ps": {"count": 1, "mode": "async"}, "worker": {"count": 2, "min": 1, "max": 4}},
             grace_period=5.0,
@@ -165,6 +169,34 @@ def test_the_job_page_shows_each_role_live_from_a_running_ps_job(
         # And the rows are patched live as the PS takes in more rows
         expect(ps0.locator(".ps-rows")).not_to_have_text(f"{int(rows):,}", timeout=30000)
         assert number(ps0.locator(".ps-rows").text_content()) > rows
+
+        # And progress counts the coordinator's examples out of the dataset's, not steps
+        progress = page.locator("#job-progress")
+        expect(progress).to_have_text(re.compile(r"^[1-9][\d,]*/20,000 examples$"), timeout=30000)
+        done = number(progress.text_content())
+        assert 0 < done <= examples
+        # the role series are a chart per role, each process a line
+        expect(page.locator("#role-charts .chart")).to_have_count(3)
+        expect(page.locator('[data-chart="role-ps"] .chart-legend')).to_contain_text("PS 0 ", timeout=30000)
+        expect(page.locator('[data-chart="role-worker"] .chart-legend')).to_contain_text(
+            "worker 1 ", timeout=30000
+        )
+        expect(page.locator('[data-chart^="other"]')).to_have_count(0)
+        # and the PS's checkpoints are listed as they are written
+        expect(page.locator("#checkpoints-body tr").first).to_contain_text(
+            "ps-0000-of-0001.pt", timeout=30000
+        )
+        expect(page.locator("#checkpoints-empty")).to_be_hidden()
+        # the rounds table names each allocation's processes
+        expect(page.locator("#rounds-body tr.current .allocs li")).to_contain_text(
+            "coordinator, PS 0, worker 0, worker 1"
+        )
         assert_accessible(page, "ps job page with role statistics")
-    actions.stop_job(job.pk, None)
+        shot(page, "job-ps-live")
+
+        # When every example is done the job succeeds, and its progress is complete
+        expect(page.locator("#job-state")).to_have_text("SUCCEEDED", timeout=120000)
+        expect(progress).to_have_text("20,000/20,000 examples", timeout=30000)
+    orm(job.refresh_from_db)
+    assert job.progress == {"step": examples, "total": examples, "unit": "examples", "round": 1}
     assert errors == []

@@ -23,10 +23,12 @@ BANNER = re.compile(
 
 
 def source_digest() -> str:
-    """The digest build.mjs writes: every src/*.js by name, each as name NUL bytes NUL."""
+    """The digest build.mjs writes: every .js under src/ by its path relative to src/ (folders
+    too: the job page's modules are in src/job/), each as path NUL bytes NUL."""
     digest = hashlib.sha256()
-    for path in sorted((FRONTEND / "src").glob("*.js"), key=lambda p: p.name):
-        digest.update(path.name.encode() + b"\0")
+    src = FRONTEND / "src"
+    for path in sorted(src.rglob("*.js"), key=lambda p: p.relative_to(src).as_posix()):
+        digest.update(path.relative_to(src).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
         digest.update(b"\0")
     return digest.hexdigest()[:16]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 
@@ -72,7 +73,13 @@ def test_job_page_shows_rounds_and_carries_events_and_metric_names(
     client.force_login(viewer)
     response = client.get(f"/jobs/{running_job.pk}/")
     page = response.content.decode()
-    assert "0 · gpu-a · 2 · RUNNING" in page
+    # Each allocation a line of the rounds table: node (linked), node rank, its global ranks,
+    # GPUs, state
+    line = re.search(r'<ul class="allocs"><li>(.*?)</li></ul>', page)
+    assert line is not None
+    text = re.sub(r"<[^>]+>", "", line.group(1))
+    assert text == "gpu-a node rank 0 · ranks 0\u20131 · CPU RUNNING"
+    assert '<a href="/nodes/gpu-a/">gpu-a</a>' in line.group(1)
     config = response.context["config"]
     # The charts fetch their points from the metrics API; the page names what there is.
     assert config["names"] == ["loss"]

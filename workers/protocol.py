@@ -212,8 +212,12 @@ class RoundStatus(TypedDict):
     round: int
     state: RoundState
     ranks: list[RankStatus]
-    last_step: int | None  # latest step any local rank logged in this round
+    # Latest step any local rank logged in this round (a round that carries ranks over in place
+    # goes on from the step they had reached in the round before).
+    last_step: int | None
     first_step_at: float | None  # unix time of the first step logged in this round
+    # The script's own total (sdk.progress: the newest ``total_steps`` a local rank logged).
+    total_steps: NotRequired[int]
     # In-place rounds only, from the SDK's state files: "pending" until every local rank has
     # re-formed at this round ("formed"), "failed" when one could not (the controller restarts),
     # "waiting" when a local rank saw a peer fail mid-step and waits for the next round (the

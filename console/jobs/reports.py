@@ -18,7 +18,7 @@ from console.cluster.models import Node
 from console.core.decision import decision
 from console.core.states import AllocationState, JobState
 from console.core.transport import send_on_commit
-from console.jobs import inplace
+from console.jobs import inplace, progress
 from console.jobs.failures import failed, record_failure, settle_failure
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.parameter_server import is_worker_exit, worker_exited
@@ -154,7 +154,9 @@ def apply_round_statuses(node: Node, rounds: list[protocol.RoundStatus]) -> None
         if found is None:
             _resend_start_if_lost(node, job, rnd, alloc)
         else:
-            _apply_status(job.pk, rnd.number, alloc.pk, found)
+            # The round before, if the agent still lists it: its last steps (logged after its
+            # last heartbeat) are where the job is until this round logs its own.
+            _apply_status(job.pk, rnd.number, alloc.pk, found, reported.get((job.pk, rnd.number - 1)))
 
 
 def _stop_if_stray(node: Node, job_id: int, number: int) -> None:
@@ -192,7 +194,13 @@ def _resend_start_if_lost(node: Node, job: Job, rnd: Round, alloc: Allocation) -
         send_on_commit(protocol.AGENT_START_ROUND, node.queue, spec=round_spec(job, rnd, alloc))
 
 
-def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.RoundStatus) -> None:
+def _apply_status(
+    job_id: int,
+    number: int,
+    alloc_id: int,
+    status: protocol.RoundStatus,
+    before: protocol.RoundStatus | None = None,
+) -> None:
     state = RoundState(status["state"])
     with decision():
         job = Job.lock(job_id)
@@ -216,7 +224,7 @@ def _apply_status(job_id: int, number: int, alloc_id: int, status: protocol.Roun
             job.set_state(JobState.RUNNING)
             changed = True
             events.emit("job.running", f"Running round {number}", job=job)
-        changed = _record_progress(job, number, status) or changed
+        changed = _record_progress(job, alloc, status, before) or changed
         if changed:
             job.save(update_fields=["state", "progress"])
             events.job_changed(job)
@@ -270,20 +278,14 @@ def _failure_from(alloc: Allocation, status: protocol.RoundStatus) -> protocol.R
     return UNNAMED_FAILURE
 
 
-def _record_progress(job: Job, number: int, status: protocol.RoundStatus) -> bool:
-    """The round's latest step onto the job, and its first step's time onto the round."""
-    changed = False
-    step = status.get("last_step")
-    if step is not None and int(step) != job.progress.get("step"):
-        job.progress = {**job.progress, "step": int(step)}
-        total = job.hyperparameters.get("steps")
-        if isinstance(total, int):
-            job.progress["total"] = total
-        changed = True
+def _record_progress(
+    job: Job, alloc: Allocation, status: protocol.RoundStatus, before: protocol.RoundStatus | None
+) -> bool:
+    """The round's progress onto the job (console/jobs/progress.py), and its first step's time
+    onto the round."""
+    changed = progress.record_heartbeat(job, alloc, status, before)
     first = status.get("first_step_at")
     if first:
         first_at = datetime.fromtimestamp(float(first), tz=timezone.get_current_timezone())
-        Round.objects.filter(job=job, number=number, first_step_at__isnull=True).update(
-            first_step_at=first_at
-        )
+        Round.objects.filter(pk=alloc.round_id, first_step_at__isnull=True).update(first_step_at=first_at)
     return changed

@@ -15,6 +15,7 @@ from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
 from console.jobs.planning import needs_growth, preemption_victims
+from console.jobs.progress import settle_finished
 from console.jobs.snapshot import job_view, snapshot
 
 # Pending jobs are placed by priority, then first in, first out (the queue page shows this order).
@@ -23,12 +24,14 @@ PENDING_ORDER = ("-priority", "created_at", "id")
 
 def tick() -> None:
     """Periodic checks: lost nodes, failures awaiting settlement, in-place rounds slow to form,
-    drains, pending jobs, growth."""
+    drains, pending jobs, growth; the progress of jobs that just ended (their last telemetry
+    arrives after they did)."""
     detect_lost_nodes()
     settle_failed_rounds()
     check_forming_rounds()
     progress_drains()
     schedule()
+    settle_finished()
 
 
 def schedule() -> None:

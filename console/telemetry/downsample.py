@@ -105,10 +105,34 @@ def series_names(job_id: int) -> list[str]:
         return [row[0] for row in cur.fetchall()]
 
 
-def _bounds(job_id: int, name: str, lo: int, hi: int, rank: int | None) -> tuple[int, int] | None:
+# Whose points a query reads: every rank's (None), one rank's, or some processes' as (round,
+# rank) pairs (a parameter-server process is a rank of a round: console/telemetry/role_series.py).
+Members = Sequence[tuple[int, int]]
+
+
+def _scope(rank: int | None, members: Members | None) -> tuple[str, dict[str, Any]]:
+    """The SQL condition (on telemetry_metric or telemetry_metricrollup) and its parameters."""
+    parts: list[str] = []
+    params: dict[str, Any] = {}
+    if rank is not None:
+        parts.append("AND rank = %(rank)s")
+        params["rank"] = rank
+    if members is not None:
+        parts.append(
+            "AND (round_number, rank) IN "
+            "(SELECT * FROM unnest(%(member_rounds)s::integer[], %(member_ranks)s::integer[]))"
+        )
+        params["member_rounds"] = [int(r) for r, _ in members]
+        params["member_ranks"] = [int(k) for _, k in members]
+    return " ".join(parts), params
+
+
+def _bounds(
+    job_id: int, name: str, lo: int, hi: int, rank: int | None, members: Members | None = None
+) -> tuple[int, int] | None:
     """First and last step with data in [lo, hi], from raw points and tiles (raw points may be
     gone past retention; a tile's start stands in for its first step)."""
-    rank_filter = "" if rank is None else "AND rank = %(rank)s"
+    rank_filter, scope = _scope(rank, members)
     sql = f"""
         SELECT
             (SELECT step FROM telemetry_metric WHERE job_id = %(job)s AND name = %(name)s
@@ -128,7 +152,7 @@ def _bounds(job_id: int, name: str, lo: int, hi: int, rank: int | None) -> tuple
         "lo": lo,
         "hi": hi,
         "tile_lo": lo - lo % ROLLUP_STEPS,
-        "rank": rank,
+        **scope,
     }
     with connection.cursor() as cur:
         cur.execute(sql, params)
@@ -159,7 +183,9 @@ def _buckets(sql: str, params: dict[str, Any]) -> list[Bucket]:
     ]
 
 
-def _from_tiles(job_id: int, name: str, lo: int, hi: int, points: int, rank: int | None) -> list[Bucket]:
+def _from_tiles(
+    job_id: int, name: str, lo: int, hi: int, points: int, rank: int | None, members: Members | None = None
+) -> list[Bucket]:
     """Buckets whose edges sit on tile boundaries, so that every tile falls in exactly one: whole
     tiles inside [lo, hi] come from MetricRollup, the partly covered tiles at both ends from raw
     points. Min, max and count stay exact for the range asked."""
@@ -167,7 +193,7 @@ def _from_tiles(job_id: int, name: str, lo: int, hi: int, points: int, rank: int
     width = math.ceil(math.ceil((hi - origin + 1) / points) / ROLLUP_STEPS) * ROLLUP_STEPS
     full_lo = -(-lo // ROLLUP_STEPS) * ROLLUP_STEPS
     full_end = ((hi + 1) // ROLLUP_STEPS) * ROLLUP_STEPS - 1
-    rank_filter = "" if rank is None else "AND rank = %(rank)s"
+    rank_filter, scope = _scope(rank, members)
     sql = f"""
         SELECT min(s), max(ls), min(lo_v), max(hi_v), sum(total), sum(n)
         FROM (
@@ -193,7 +219,7 @@ def _from_tiles(job_id: int, name: str, lo: int, hi: int, points: int, rank: int
         "width": width,
         "full_lo": full_lo,
         "full_end": full_end,
-        "rank": rank,
+        **scope,
     }
     return _buckets(sql, params)
 
@@ -206,21 +232,24 @@ def query_series(
     end: int | None = None,
     points: int = DEFAULT_QUERY_POINTS,
     rank: int | None = None,
+    members: Members | None = None,
 ) -> list[Bucket]:
     """A series as at most ``points`` buckets of equal step width (min/max/mean/count each).
 
     Ranges whose buckets would span a tile or more are answered from the 100-step tiles ingest
     keeps (a million points read as ten thousand tiles), with bucket edges on tile boundaries;
     narrower ones from raw points. Where retention already removed the raw points, tiles answer.
+    ``rank`` or ``members`` ((round, rank) pairs) narrow it to some processes' points.
     """
-    bounds = _bounds(job_id, name, 0 if start is None else start, MAX_STEP if end is None else end, rank)
+    first, last = 0 if start is None else start, MAX_STEP if end is None else end
+    bounds = _bounds(job_id, name, first, last, rank, members)
     if bounds is None:
         return []
     lo, hi = bounds
     span = hi - lo + 1
     if span / points >= ROLLUP_STEPS:
-        return _from_tiles(job_id, name, lo, hi, points, rank)
-    rank_filter = "" if rank is None else "AND rank = %(rank)s"
+        return _from_tiles(job_id, name, lo, hi, points, rank, members)
+    rank_filter, scope = _scope(rank, members)
     sql = f"""
         SELECT min(step), max(step), min(value), max(value), sum(value), count(*)
         FROM telemetry_metric
@@ -228,11 +257,10 @@ def query_series(
         GROUP BY (step - %(lo)s) * %(points)s / %(span)s
         ORDER BY 1
     """
-    params = {"job": job_id, "name": name, "lo": lo, "hi": hi, "points": points, "span": span, "rank": rank}
+    params = {"job": job_id, "name": name, "lo": lo, "hi": hi, "points": points, "span": span, **scope}
     buckets = _buckets(sql, params)
     if buckets:
         return buckets
     # Raw points of this range are gone (retention): show the tiles that cover it.
-    return _from_tiles(
-        job_id, name, lo - lo % ROLLUP_STEPS, hi - hi % ROLLUP_STEPS + ROLLUP_STEPS - 1, points, rank
-    )
+    tile_hi = hi - hi % ROLLUP_STEPS + ROLLUP_STEPS - 1
+    return _from_tiles(job_id, name, lo - lo % ROLLUP_STEPS, tile_hi, points, rank, members)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 from urllib.parse import urlencode
 
+from console.jobs import progress
 from console.jobs.models import Job, Round
 from console.telemetry.downsample import series_names
 from console.telemetry.events import event_payload
@@ -124,6 +125,11 @@ def page_config(job: Job) -> dict[str, Any]:
         "progress": job.progress,
         "names": names,
         "boundaries": round_boundaries(job, names),
-        "total_steps": progress_total(job, names),
+        # A parameter-server job counts examples (or shards), not steps: the script's step total
+        # is not its progress (console/jobs/progress.py).
+        "total_steps": None if job.is_parameter_server else progress_total(job, names),
+        "progress_unit": progress.EXAMPLES if job.is_parameter_server else progress.STEPS,
+        # Its role series (ps_*, worker_*, queue_*) go on the role charts, not one chart each.
+        "parameter_server": job.is_parameter_server,
         "events": recent_events(job),
     }

@@ -212,7 +212,8 @@ export class ChartGroup {
 }
 
 // A chart of one or more series sharing an x axis (steps) and a y axis per unit.
-// options: {title, unit, yLabel, kind ("number" | "bytes" | "seconds" | "rate"), height, log}
+// options: {title, unit, yLabel, xLabel (default "step"), kind ("number" | "bytes" | "seconds" |
+// "rate"), height, log}
 export class MetricChart {
   constructor(group, container, options) {
     this.group = group;
@@ -326,7 +327,7 @@ export class MetricChart {
       // on which uPlot's tick splitting never ends: both axes get a padded range instead.
       scales: { x: { time: false, range: stepRange }, y: this.options.log ? { distr: 3 } : { range: padRange } },
       axes: [
-        { label: "step", stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor }, labelSize: 18, size: 36 },
+        { label: this.options.xLabel || "step", stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor }, labelSize: 18, size: 36 },
         {
           label: `${this.options.yLabel || this.options.title}${unit}`,
           stroke: axisColor,

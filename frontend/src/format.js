@@ -1,22 +1,44 @@
 // Display helpers shared by the pages; they mirror console/web/templatetags/console_ui.py.
 
-const TOTAL_KEYS = ["total_steps", "max_steps", "steps_total", "total"];
+// A job's progress (console/jobs/progress.py): {step, total, unit: "steps" | "examples" |
+// "shards", round}; records older than units hold a step and a total (under one of these keys).
+const TOTAL_KEYS = ["total", "total_steps", "max_steps", "steps_total"];
+const UNITS = ["steps", "examples", "shards"];
+const whole = (v) => (typeof v === "number" && Number.isFinite(v) ? Math.trunc(v) : null);
 
-export function progressFraction(progress) {
+export function readProgress(progress) {
   if (!progress || typeof progress !== "object") return null;
-  if (typeof progress.fraction === "number") return Math.max(0, Math.min(1, progress.fraction));
-  const total = TOTAL_KEYS.map((k) => progress[k]).find((v) => typeof v === "number");
-  if (typeof progress.step === "number" && total) return Math.max(0, Math.min(1, progress.step / total));
-  return null;
+  const step = whole(progress.step);
+  if (step === null) return null;
+  const total = TOTAL_KEYS.map((k) => whole(progress[k])).find((v) => v) || null;
+  const unit = UNITS.includes(progress.unit) ? progress.unit : "steps";
+  return { step, total: total && total > 0 ? total : null, unit, round: whole(progress.round) || 0 };
 }
 
+export function progressFraction(progress) {
+  if (progress && typeof progress.fraction === "number") return Math.max(0, Math.min(1, progress.fraction));
+  const p = readProgress(progress);
+  if (!p || !p.total) return null;
+  return Math.max(0, Math.min(1, p.step / p.total));
+}
+
+const count = (n) => n.toLocaleString("en-US");
+
+// The label's number part and its unit: ["1,200/4,000", "steps"], ["step 1,200", ""].
+export function progressParts(progress) {
+  const p = readProgress(progress);
+  if (!p) {
+    const f = progressFraction(progress);
+    return [f === null ? "—" : `${Math.round(f * 100)}%`, ""];
+  }
+  if (p.total) return [`${count(p.step)}/${count(p.total)}`, p.unit];
+  return p.unit === "steps" ? [`step ${count(p.step)}`, ""] : [count(p.step), p.unit];
+}
+
+// "1,200/4,000 steps", "3,072,000/4,608,000 examples", "step 1,200" (no total).
 export function progressLabel(progress) {
-  if (!progress || typeof progress !== "object" || !Object.keys(progress).length) return "—";
-  const total = TOTAL_KEYS.map((k) => progress[k]).find((v) => v !== undefined && v !== null);
-  if (progress.step !== undefined && total !== undefined) return `${progress.step}/${total}`;
-  if (progress.step !== undefined) return `step ${progress.step}`;
-  const f = progressFraction(progress);
-  return f === null ? "—" : `${Math.round(f * 100)}%`;
+  const [value, unit] = progressParts(progress);
+  return unit ? `${value} ${unit}` : value;
 }
 
 export function setBadge(el, state) {

@@ -31,8 +31,10 @@ export function chartIdFor(name) {
 }
 
 export class JobCharts {
-  constructor(jobId, container, { names, onTotal }) {
+  // skip(name): a series charted elsewhere (a parameter-server job's role series: job/rolecharts.js).
+  constructor(jobId, container, { names, onTotal, skip }) {
     this.jobId = jobId;
+    this.skip = skip || (() => false);
     this.container = container;
     this.group = new ChartGroup(`job-${jobId}`);
     this.charts = new Map();
@@ -80,7 +82,7 @@ export class JobCharts {
 
   wanted(name) {
     const id = chartIdFor(name);
-    return id !== null && (id !== "layers" || this.layers);
+    return id !== null && (id !== "layers" || this.layers) && !this.skip(name);
   }
 
   async fetchSeries(names, params = "") {
@@ -221,6 +223,9 @@ export class JobCharts {
     const keep = new Set();
     ranks.forEach((rank, i) => {
       const key = `rank ${rank}`;
+      const buckets = (results[i].series || {})[name] || [];
+      // A rank that never timed a step (a parameter-server job's PS and coordinator) has no line.
+      if (held[i] === null && !buckets.length) return;
       keep.add(key);
       const straggler = stragglers.has(rank);
       const series = this.rankChart.seriesFor(key, {
@@ -229,7 +234,6 @@ export class JobCharts {
         width: straggler ? 3 : 1.4,
         color: straggler ? "#f85149" : undefined,
       });
-      const buckets = (results[i].series || {})[name] || [];
       if (held[i] === null) series.setBuckets(buckets);
       else series.mergeBuckets(buckets);
     });

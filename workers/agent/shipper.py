@@ -121,6 +121,11 @@ class _Source:
 class RoundProgress:
     last_step: int | None = None
     first_step_at: float | None = None
+    total_steps: int | None = None  # sdk.progress(total): the newest total_steps logged
+
+
+# The metric sdk.progress(total) logs (workers/sdk/__init__.py).
+TOTAL_STEPS = "total_steps"
 
 
 class TelemetryShipper(threading.Thread):
@@ -207,7 +212,14 @@ class TelemetryShipper(threading.Thread):
                 return
             source.next_key = new  # taken on the shipper's thread, between two reads
             self._sources[new] = source
-            self._progress.setdefault((new[0], new[1]), RoundProgress())
+            # In place the steps go on: the new round starts from the old round's newest step
+            # (logged after the last heartbeat, perhaps), not from nothing.
+            before = self._progress.get((old[0], old[1]), RoundProgress())
+            carried = self._progress.setdefault((new[0], new[1]), RoundProgress())
+            if before.last_step is not None and (carried.last_step or -1) < before.last_step:
+                carried.last_step = before.last_step
+            if carried.total_steps is None:
+                carried.total_steps = before.total_steps
 
     def finish(self, job_id: int, round_: int, rank: int) -> None:
         """The rank has exited: read its files to the end once more, then stop tailing them."""
@@ -219,7 +231,9 @@ class TelemetryShipper(threading.Thread):
     def progress(self, job_id: int, round_: int) -> RoundProgress:
         with self._lock:
             found = self._progress.get((job_id, round_))
-            return RoundProgress(found.last_step, found.first_step_at) if found else RoundProgress()
+            if found is None:
+                return RoundProgress()
+            return RoundProgress(found.last_step, found.first_step_at, found.total_steps)
 
     def forget_round(self, job_id: int, round_: int) -> None:
         with self._lock:
@@ -330,6 +344,12 @@ class TelemetryShipper(threading.Thread):
             job_id, round_, _ = source.key
             with self._lock:
                 progress = self._progress.setdefault((job_id, round_), RoundProgress())
+                values = record.get("values")
+                total = values.get(TOTAL_STEPS) if isinstance(values, dict) else None
+                if isinstance(total, int | float) and not isinstance(total, bool) and total >= 1:
+                    progress.total_steps = int(total)
+                if isinstance(values, dict) and set(values) == {TOTAL_STEPS}:
+                    return record  # logged at step 0 whatever the step: not a step taken
                 if progress.last_step is None or record["step"] > progress.last_step:
                     progress.last_step = record["step"]
                 if progress.first_step_at is None:

@@ -142,6 +142,8 @@ class Supervisor(threading.Thread):
                     last_step=progress.last_step,
                     first_step_at=progress.first_step_at,
                 )
+                if progress.total_steps is not None:
+                    status["total_steps"] = progress.total_steps
                 if "carry_over" in local.spec or local.spec.get("recover_in_place"):
                     status["inplace"], status["inplace_reason"], formed_at = inplace_state(local)
                     if formed_at:

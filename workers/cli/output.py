@@ -45,11 +45,16 @@ def when(value: Any) -> str | None:
 
 
 def progress_text(job: dict[str, Any]) -> str:
+    """The job's progress as the console shows it: ``1,200/4,000 steps``, ``3,072,000/4,608,000
+    examples`` (a parameter-server job), ``step 1,200`` (no total)."""
     progress = job.get("progress") or {}
     step, total = progress.get("step"), progress.get("total")
-    if step is None:
+    unit = progress.get("unit") or "steps"
+    if not isinstance(step, int):
         return "-"
-    return f"{step}/{total}" if total else str(step)
+    if isinstance(total, int) and total > 0:
+        return f"{step:,}/{total:,} {unit}"
+    return f"step {step:,}" if unit == "steps" else f"{step:,} {unit}"
 
 
 def job_rows(jobs: Iterable[dict[str, Any]]) -> list[list[Any]]:

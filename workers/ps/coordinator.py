@@ -372,16 +372,20 @@ def serve(env: contract.PsEnv) -> int:
     from workers.sdk.telemetry import telemetry
 
     sink = telemetry()
-    reporter = Reporter(
-        env.stats_every_s,
-        lambda: sink.metric(queue.stats().examples_done, queue.stats().metrics(), echo=False),
-    )
+
+    def report() -> None:
+        stats = queue.stats()
+        sink.metric(stats.examples_done, stats.metrics(), echo=False)
+
+    reporter = Reporter(env.stats_every_s, report)
     reporter.start()
     # Leases run out without any call arriving (every worker may be dead): sweep them.
     while not stopping.wait(min(0.5, env.lease_s / 4)):
         queue.expire()
     reporter.stop()
     server.stop(grace=2).wait()
+    # The queue as it ended (the job's progress reads it): the sink writes it out at exit.
+    report()
     return 0
 
 

@@ -146,11 +146,26 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.CheckpointReply(path=str(path), version=version)
 
     def save(self) -> tuple[str, int]:
+        """Writes this PS's checkpoint and records it in the console as the SDK's checkpoints are
+        (a ``checkpoint`` telemetry record: the version as its step, the file, its size, and how
+        long pulls and pushes waited: the copy of the state under its lock)."""
+        from workers.sdk.telemetry import telemetry
+
         with self.checkpoint_lock:
+            started = time.perf_counter()
             state = self.state.state()
+            blocking_ms = (time.perf_counter() - started) * 1000.0
             path = checkpoint.write(self.checkpoint_dir, self.state.index, self.state.count, state)
-            self.state.checkpoint_version = int(state["version"])
-            return str(path), int(state["version"])
+            version = int(state["version"])
+            self.state.checkpoint_version = version
+            telemetry().emit(
+                "checkpoint",
+                step=version,
+                path=str(path),
+                size_bytes=path.stat().st_size,
+                blocking_ms=round(blocking_ms, 3),
+            )
+            return str(path), version
 
 
 def serve(env: contract.PsEnv) -> int:

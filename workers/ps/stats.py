@@ -106,6 +106,7 @@ class QueueStats:
             "queue_in_progress": self.in_progress,
             "queue_todo": self.todo,
             "queue_examples_done": self.examples_done,
+            "queue_examples_per_epoch": self.examples_per_epoch,
             "queue_workers": self.workers,
             "queue_requeued": self.requeued,
         }

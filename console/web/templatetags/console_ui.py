@@ -9,27 +9,14 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-register = template.Library()
+from console.jobs import progress as job_progress
 
-_TOTAL_KEYS = ("total_steps", "max_steps", "steps_total", "total")
+register = template.Library()
 
 
 def progress_fraction(progress: Any) -> float | None:
-    """0..1 when the job reports how far it is, else None.
-
-    Workloads report either ``fraction`` or a ``step`` with a total; both are accepted so the
-    page does not depend on one workload's choice.
-    """
-    if not isinstance(progress, dict):
-        return None
-    fraction = progress.get("fraction")
-    if isinstance(fraction, int | float):
-        return max(0.0, min(1.0, float(fraction)))
-    step = progress.get("step")
-    total = next((progress[k] for k in _TOTAL_KEYS if isinstance(progress.get(k), int | float)), None)
-    if isinstance(step, int | float) and total:
-        return max(0.0, min(1.0, float(step) / float(total)))
-    return None
+    """0..1 when the job's progress has a total, else None (console/jobs/progress.py)."""
+    return job_progress.fraction(progress)
 
 
 @register.filter
@@ -39,19 +26,67 @@ def percent(progress: Any) -> int | None:
 
 
 @register.filter
+def progress_parts(progress: Any) -> tuple[str, str]:
+    """The label's number part and its unit, for a big number with a small unit."""
+    return job_progress.parts(progress)
+
+
+@register.filter
 def progress_label(progress: Any) -> str:
-    if not isinstance(progress, dict) or not progress:
-        return "—"
-    step = progress.get("step")
-    total = next((progress[k] for k in _TOTAL_KEYS if progress.get(k) is not None), None)
-    fraction = progress_fraction(progress)
-    if step is not None and total is not None:
-        return f"{step}/{total}"
-    if step is not None:
-        return f"step {step}"
-    if fraction is not None:
-        return f"{round(fraction * 100)}%"
-    return "—"
+    """``1,200/4,000 steps``, ``3,072,000/4,608,000 examples``, ``step 1,200`` (no total)."""
+    return job_progress.label(progress)
+
+
+_ROLE_NAMES = {"coordinator": "coordinator", "ps": "PS", "worker": "worker"}
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5" (with an en dash)."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}\u2013{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+@register.filter
+def allocation_lines(rnd: Any) -> list[dict[str, Any]]:
+    """A round's allocations as the Rounds table shows them, one line each: node, node rank,
+    global ranks, GPUs (or CPU), a parameter-server job's processes by role, state. Mirrors
+    frontend/src/job/rounds.js (allocationLines)."""
+    lines = []
+    base = 0
+    for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
+        processes = alloc.processes or []
+        if processes:
+            ranks = [int(p["rank"]) for p in processes if not p.get("removed")]
+        else:
+            ranks = list(range(base, base + alloc.nproc))
+        base += alloc.nproc
+        roles = [
+            _ROLE_NAMES.get(p["role"], p["role"])
+            + ("" if p["role"] == "coordinator" else f" {p['index']}")
+            + (" (removed)" if p.get("removed") else "")
+            for p in processes
+        ]
+        gpus = alloc.gpu_indices or []
+        lines.append(
+            {
+                "node": alloc.node.name,
+                "node_rank": alloc.node_rank,
+                "ranks": rank_ranges(ranks) if ranks else "—",
+                "count": len(ranks),
+                "gpus": f"GPU {', '.join(map(str, gpus))}" if gpus else "CPU",
+                "roles": roles,
+                "state": alloc.state,
+            }
+        )
+    return lines
 
 
 @register.filter
