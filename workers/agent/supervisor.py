@@ -30,7 +30,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers import protocol
 from workers.agent.actor import RoundActor
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
@@ -47,7 +46,7 @@ from workers.agent.reaper import ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
-from workers.protocol import RankStatus, RoundSpec, RoundStatus
+from workers.protocol import InplaceStatus, RankStatus, RoundSpec, RoundStatus
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +283,7 @@ class Supervisor(threading.Thread):
         key = (local.job_id, local.number)
         if not local.spec.get("recover_in_place") or key in self._waiting or not local.ranks:
             return
-        if inplace_state(local)[0] == protocol.INPLACE_WAITING:
+        if inplace_state(local)[0] is InplaceStatus.WAITING:
             self._waiting = {seen for seen in self._waiting if seen[0] != local.job_id} | {key}
             if self.on_news is not None:
                 self.on_news()

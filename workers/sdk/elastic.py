@@ -58,17 +58,8 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from workers.net import wait_listening
-from workers.sdk.elastic_control import (
-    ENV_CONTROL,
-    FAILED,
-    FORMED,
-    FORMING,
-    LEFT,
-    WAITING,
-    Control,
-    ControlFile,
-    ElasticError,
-)
+from workers.protocol import InplaceStatus
+from workers.sdk.elastic_control import ENV_CONTROL, Control, ControlFile, ElasticError
 from workers.sdk.elastic_data import IndexedDataset, epoch_order, rank_slice
 from workers.sdk.elastic_recovery import StepGuard
 from workers.sdk.stop import install_stop_handler, stop_requested
@@ -181,7 +172,7 @@ class ElasticRun:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None and not isinstance(exc, ElasticError) and not self.left:
-            self._report(FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
+            self._report(InplaceStatus.FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
         self._ddp = None
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -271,7 +262,7 @@ class ElasticRun:
         if not all_ready:
             if time.monotonic() - self._waiting_since(target) > self.form_timeout:
                 reason = f"round {target}: not every rank was ready within {self.form_timeout:.0f} s"
-                self._report(FAILED, reason=reason, round_no=target)
+                self._report(InplaceStatus.FAILED, reason=reason, round_no=target)
                 raise ElasticError(reason)
             return True  # train on in the old round; the newcomers are still starting
         if stopping and local <= self.round:
@@ -305,7 +296,7 @@ class ElasticRun:
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        self._report(WAITING, reason=reason)
+        self._report(InplaceStatus.WAITING, reason=reason)
         control = self._read_control(wait_for_round=self.round + 1)
         self._next, self._next_store = None, None
         store = None
@@ -327,7 +318,7 @@ class ElasticRun:
                 time.sleep(0.01)
         except Exception as error:
             reason = f"round {control.round}: {type(error).__name__}: {error}"[:500]
-            self._report(FAILED, reason=reason, round_no=control.round)
+            self._report(InplaceStatus.FAILED, reason=reason, round_no=control.round)
             raise ElasticError(reason) from error
         return store
 
@@ -346,7 +337,7 @@ class ElasticRun:
                 self._next_store = self._open_store(control)
             except Exception as error:  # the port is taken, the address is not ours
                 reason = f"round {control.round}: cannot open the store: {type(error).__name__}: {error}"
-                self._report(FAILED, reason=reason[:500], round_no=control.round)
+                self._report(InplaceStatus.FAILED, reason=reason[:500], round_no=control.round)
                 raise ElasticError(reason) from error
 
     def _ready(self, stopping: bool, local: int) -> bool:
@@ -394,10 +385,10 @@ class ElasticRun:
         try:
             return self._control_file.read(wait_for_round, self.form_timeout)
         except ElasticError as error:
-            self._report(FAILED, reason=str(error))
+            self._report(InplaceStatus.FAILED, reason=str(error))
             raise
 
-    def _report(self, state: str, reason: str = "", round_no: int | None = None) -> None:
+    def _report(self, state: InplaceStatus, reason: str = "", round_no: int | None = None) -> None:
         if self._control_file is None:
             return
         self._control_file.report(
@@ -411,7 +402,7 @@ class ElasticRun:
     # ---- re-forming --------------------------------------------------------------------
     def _form(self, control: Control, store: dist.TCPStore | None = None) -> None:
         started = time.monotonic()
-        self._report(FORMING, round_no=control.round)
+        self._report(InplaceStatus.FORMING, round_no=control.round)
         self._ddp = None
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -443,12 +434,12 @@ class ElasticRun:
             raise
         except Exception as error:  # gloo/nccl/store errors have no common type
             reason = f"forming round {control.round} failed: {type(error).__name__}: {error}"[:500]
-            self._report(FAILED, reason=reason)
+            self._report(InplaceStatus.FAILED, reason=reason)
             raise ElasticError(reason) from error
         self._has_state = True
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
-        self._report(FORMED)
+        self._report(InplaceStatus.FORMED)
 
     def _wrap_ddp(self) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -476,7 +467,7 @@ class ElasticRun:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.left = True
-        self._report(LEFT)
+        self._report(InplaceStatus.LEFT)
 
     def _pick_device(self, control: Control) -> torch.device:
         device = device_for(self._device_arg, control.local_rank)
