@@ -24,11 +24,12 @@ def pick_port(node: NodeView, taken: Collection[int], rng: random.Random) -> int
     """A listen port on ``node`` in PORT_RANGE, neither one it held lately nor one in ``taken``
     (those this round already gave out there)."""
     avoid = node.recent_ports | set(taken)
-    for _ in range(64):
+    for _ in range(64):  # the range is mostly free: a few draws find a port
         port = rng.randrange(*PORT_RANGE)
         if port not in avoid:
             return port
-    return rng.randrange(*PORT_RANGE)
+    free = sorted(set(range(*PORT_RANGE)) - avoid)
+    return rng.choice(free) if free else rng.randrange(*PORT_RANGE)
 
 
 def dense_group(

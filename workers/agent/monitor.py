@@ -19,7 +19,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from workers.agent.launcher import RankFiles
-from workers.agent.lifecycle import LocalRound, Rank
+from workers.agent.lifecycle import InplaceReport, LocalRound, Rank
 from workers.protocol import InplaceStatus, RankExit, RankState
 from workers.sdk.elastic_control import read_state
 
@@ -64,6 +64,7 @@ class Observation:
     fetching: bool = False  # its bundle is still being fetched (nothing else is looked at)
     fetched: Fetched | None = None  # the fetch finished since the last look
     ranks: tuple[RankSeen, ...] = ()  # the ranks that were running, in order
+    inplace: InplaceReport | None = None  # an in-place round's ranks' word (LocalRound.reports_inplace)
 
 
 def observe(local: LocalRound, look_at_teardowns: bool) -> Observation:
@@ -84,7 +85,8 @@ def observe(local: LocalRound, look_at_teardowns: bool) -> Observation:
             seen.append(RankSeen(rank, code_ended_ago=seconds_since_code_ended(rank.files)))
         else:
             seen.append(RankSeen(rank))
-    return Observation(fetched=fetched, ranks=tuple(seen))
+    inplace = inplace_state(local) if local.reports_inplace and local.ranks else None
+    return Observation(fetched=fetched, ranks=tuple(seen), inplace=inplace)
 
 
 def rank_ended(rank: Rank, returncode: int) -> RankEnded:
@@ -180,7 +182,7 @@ def seconds_since_code_ended(files: RankFiles) -> float | None:
         return None
 
 
-def inplace_state(local: LocalRound) -> tuple[InplaceStatus, str, float | None]:
+def inplace_state(local: LocalRound) -> InplaceReport:
     """An in-place round's progress on this host, from its ranks' SDK state files (each an
     InplaceStatus): FORMED (and when the last rank formed) once every local rank formed the
     round's group or left, FAILED (with the reason) when one could not, WAITING when one saw a
@@ -190,9 +192,9 @@ def inplace_state(local: LocalRound) -> tuple[InplaceStatus, str, float | None]:
     for worst in (InplaceStatus.FAILED, InplaceStatus.WAITING):
         for state in current:
             if state["state"] is worst:
-                return worst, str(state.get("reason", "")), None
+                return InplaceReport(worst, str(state.get("reason", "")))
     done = (InplaceStatus.FORMED, InplaceStatus.LEFT)
     if states and len(current) == len(states) and all(state["state"] in done for state in current):
         times = [float(state.get("time", 0.0)) for state in current]
-        return InplaceStatus.FORMED, "", max(times, default=None)
-    return InplaceStatus.FORMING, "", None
+        return InplaceReport(InplaceStatus.FORMED, formed_at=max(times, default=None))
+    return InplaceReport(InplaceStatus.FORMING)
