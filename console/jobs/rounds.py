@@ -61,6 +61,8 @@ class Stop:
 def apply_plan(job: Job, plan: Plan, note: Note | None = None) -> Round | None:
     """Carry out ``plan`` for ``job`` (locked by the caller): its next round, or (no placements)
     back to the queue. Returns the new round."""
+    if not plan.requeue and not plan.master_port:
+        raise ValueError("the plan has no listen addresses: console/jobs/wiring.py's wire() gives them")
     previous = job.current_round()
     nodes = Node.objects.in_bulk([*plan.node_ids, *plan.stop])
     # 1. persist
