@@ -19,6 +19,8 @@ from workers.agent.decide import (
     Kill,
     KillInTeardown,
     Move,
+    NoteInplace,
+    Poke,
     Reap,
     ReportExit,
     SetDeadline,
@@ -28,9 +30,9 @@ from workers.agent.decide import (
     decide_tick,
 )
 from workers.agent.launcher import RankFiles, RankHandler
-from workers.agent.lifecycle import LocalRound, LocalState, Rank
+from workers.agent.lifecycle import InplaceReport, LocalRound, LocalState, Rank
 from workers.agent.monitor import Fetched, Observation, RankEnded, RankSeen, rank_ended
-from workers.protocol import RankExit, RankState, RoundSpec
+from workers.protocol import InplaceStatus, RankExit, RankState, RoundSpec
 
 NOW = 1000.0
 GRACE = 5.0
@@ -343,3 +345,27 @@ def test_a_removed_ps_worker_that_exits_is_a_stop_and_is_not_reported() -> None:
     assert tick(local, RankSeen(worker, ended(worker, -15)), RankSeen(server)) == [
         Reap(worker, ended(worker, -15), RankState.STOPPED)
     ]
+
+
+# --- in place ------------------------------------------------------------------------------
+def test_an_in_place_word_is_kept_when_it_changes_and_waiting_pokes_the_heartbeat_once() -> None:
+    r0 = rank(0)
+    local = round_in(S.RUNNING, r0)
+    local.spec["recover_in_place"] = True
+    forming, waiting = InplaceReport(InplaceStatus.FORMING), InplaceReport(InplaceStatus.WAITING, "peer died")
+
+    def look(report: InplaceReport) -> list[object]:
+        return list(
+            decide_tick(local, Observation(ranks=(RankSeen(r0),), inplace=report), NOW, GRACE, TEARDOWN)
+        )
+
+    assert look(forming) == [NoteInplace(forming)]
+    local.inplace = forming
+    assert look(forming) == []  # nothing new
+    assert look(waiting) == [NoteInplace(waiting), Poke()]
+    local.inplace = waiting
+    assert look(waiting) == []  # told once
+    # A round that is only carried over (not recovered in place) keeps the word but pokes nobody
+    del local.spec["recover_in_place"]
+    local.inplace = forming
+    assert look(waiting) == [NoteInplace(waiting)]

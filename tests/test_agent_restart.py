@@ -60,9 +60,9 @@ def test_peer_failures_reported_before_the_agent_registers_again_are_not_charged
 
     job.refresh_from_db()
     assert job.restarts == 0 and job.current_round().reason == RoundReason.NODE_LOSS  # type: ignore[union-attr]
-    assert list(job.rounds.values_list("outcome", "awaiting_settlement", "charged")) == [
-        ("failed", False, False),
-        ("", False, False),
+    assert list(job.rounds.values_list("state", "outcome", "charged")) == [
+        ("ended", "failed", False),
+        ("starting", None, False),
     ]
 
 

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
 from console.core.models import AuditEntry
-from console.jobs.models import Allocation, Checkpoint, Job, Round
+from console.jobs.models import Allocation, Checkpoint, Job, Round, RoundPhase
 from console.telemetry.events import emit
 from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from console.telemetry.models import LogLine, Severity
@@ -186,14 +186,19 @@ def make_cluster(owner: User) -> Job:
             world_size=4,
             master_addr="10.0.0.1",
             master_port=29500 + number,
-            outcome="failed" if number == 1 else "",
+            state=RoundPhase.ENDED if number == 1 else RoundPhase.FORMING,
+            outcome="failed" if number == 1 else None,
+            ended_at=now if number == 1 else None,
             failure=cause if number == 1 else {},
+            failed_at=now if number == 1 else None,
             # round 2 recovered in place: three survivors carried over, formed 0.94 s later
+            inplace=number == 2,
             carry_over={"from_round": 1, "ranks": {"0": 0, "2": 2, "3": 3}} if number == 2 else {},
         )
         if number == 2:
-            rnd.formed_at = rnd.created_at + timedelta(seconds=0.94)
-            rnd.save(update_fields=["formed_at"])
+            rnd.save(
+                update_fields=rnd.set_state(RoundPhase.RUNNING, at=rnd.created_at + timedelta(seconds=0.94))
+            )
         for node_rank, node in enumerate(nodes[:2]):
             exits = (
                 [{"rank": 1, "local_rank": 1, "exit_code": 1, "signal": None}]

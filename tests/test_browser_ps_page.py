@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.core.states import RoundPhase
 from console.jobs.models import Allocation, Checkpoint, Job, Round
 from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from tests.support.browser import ARTIFACTS, assert_accessible, chromium, log_in, new_page, shot
@@ -139,7 +140,9 @@ def make_ps_job(owner: User) -> Job:
             world_size=6,
             master_addr="10.0.1.1",
             master_port=29600 + number,
-            outcome="failed" if number == 1 else "",
+            state=RoundPhase.ENDED if number == 1 else RoundPhase.RUNNING,
+            outcome="failed" if number == 1 else None,
+            ended_at=now if number == 1 else None,
         )
         for node_rank, (name, processes) in enumerate(LAYOUT.items()):
             Allocation.objects.create(

@@ -119,7 +119,9 @@ def test_a_newcomer_that_cannot_re_form_makes_the_round_fall_back_to_a_restart(c
         "entrypoint": str(SCRIPT),
         "workdir": str(SCRIPT.parent),
         "args": [
-            *("--record", str(record), "--examples", "600", "--step-sleep", "0.05"),
+            # 1800 examples: the survivors train on in the old round for ~20 s while the newcomer
+            # starts (600 were done in 7 s, before a newcomer on a loaded machine reached the store)
+            *("--record", str(record), "--examples", "1800", "--step-sleep", "0.05"),
             *("--fast-file", str(fast), "--break-join", str(broken)),
         ],
         "nnodes": "1:3",

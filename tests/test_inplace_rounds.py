@@ -11,12 +11,13 @@ from django.utils import timezone
 
 from console.cluster import registry
 from console.cluster.models import Node
-from console.core.states import JobState, RoundReason
+from console.core.states import JobState, RoundPhase, RoundReason
 from console.jobs import actions, reports, scheduler
 from console.jobs.models import Job, Round
 from tests.support.decisions import Decide, failing_exit, make_job, make_node, start, stop
 from tests.test_agent_restart import INFO, LOAD
 from workers import protocol
+from workers.protocol import InplaceStatus
 
 
 def inplace_job(nnodes: str = "1:3") -> Job:
@@ -34,7 +35,7 @@ def status(job: Job, number: int, inplace: str, reason: str = "") -> protocol.Ro
         "ranks": [],
         "last_step": None,
         "first_step_at": None,
-        "inplace": inplace,
+        "inplace": InplaceStatus(inplace),
     }
     if reason:
         out["inplace_reason"] = reason
@@ -70,11 +71,16 @@ def test_a_resize_of_an_sdk_job_carries_the_survivors_over_and_stops_nothing(dec
     assert "in place" in grown.events[1].message and grown.events[1].data["inplace"] is True
 
     # When every host reports its ranks formed, the round is formed and says how long it took
+    assert Round.objects.get(job=job, number=2).state == RoundPhase.FORMING
     assert "round.formed" not in beat(decide, job, 2, "a", "formed").kinds()
+    beat(decide, job, 2, "b", "forming")
+    assert Round.objects.get(job=job, number=2).state == RoundPhase.FORMING
     beat(decide, job, 2, "b", "formed")
     formed = beat(decide, job, 2, "c", "formed")
     assert formed.kinds() == ["round.formed"] and formed.events[0].data["seconds"] >= 0
-    assert Round.objects.get(job=job, number=2).formed_at is not None
+    rnd = Round.objects.get(job=job, number=2)
+    assert rnd.state == RoundPhase.RUNNING and rnd.formed_at is not None
+    assert Round.objects.get(job=job, number=1).outcome == "replaced"
 
     # And shrinking again stops only c, gracefully, while a and b carry over
     shrunk = decide(actions.resize_job, job.pk, 2, None)
@@ -103,6 +109,8 @@ def test_a_host_that_cannot_re_form_makes_the_round_restart_afresh(decide: Decid
     job.refresh_from_db()
     assert (job.restarts, job.state) == (0, JobState.RESTARTING)
     assert Round.objects.get(job=job, number=3).reason == RoundReason.FALLBACK
+    never = Round.objects.get(job=job, number=2)
+    assert (never.state, never.outcome, never.formed_at) == (RoundPhase.ENDED, "replaced", None)
 
 
 def test_a_rank_failure_before_forming_is_a_fallback_not_a_charged_restart(decide: Decide) -> None:
@@ -187,12 +195,12 @@ def test_hosts_whose_ranks_wait_in_place_are_proof_of_life_and_the_failure_settl
     # their agents are asked for a heartbeat now)
     failed = decide(reports.rank_exited, "c", job.pk, 1, failing_exit(rank=2, code=None, signal="SIGKILL"))
     assert failed.sent() == [(protocol.AGENT_HEARTBEAT_NOW, f"node.{name}", {}) for name in "ab"]
-    assert Round.objects.get(job=job, number=1).awaiting_settlement
+    assert Round.objects.get(job=job, number=1).state == RoundPhase.SETTLING
     assert not decide(scheduler.tick).sent()
     # a's ranks report they wait for the next round: not yet, b is still unheard of
-    assert not beat(decide, job, 1, "a", protocol.INPLACE_WAITING).sent()
+    assert not beat(decide, job, 1, "a", InplaceStatus.WAITING).sent()
     # Then b's waiting report settles the failure in that same decision: round 2, in place
-    settled = beat(decide, job, 1, "b", protocol.INPLACE_WAITING)
+    settled = beat(decide, job, 1, "b", InplaceStatus.WAITING)
     carry = {"carry_over": {"from_round": 1, "ranks": {"0": 0, "1": 1}}}
     assert settled.sent() == [
         start(job, 2, "a", 0, 3, **carry),

@@ -7,6 +7,7 @@ desired count, preemption victims, and what each reason stops.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from console.core.states import RoundReason
 from console.jobs.planning import (
@@ -26,7 +27,7 @@ def node(pk: int, name: str, slots: int = 2, gpus: tuple[int, ...] = (), takes_w
     return NodeView(id=pk, name=name, takes_work=takes_work, free_slots=slots, free_gpus=gpus)
 
 
-def job(nnodes: str = "1", members: tuple[int, ...] = (), inplace: bool = False, **shape: int) -> JobView:
+def job(nnodes: str = "1", members: tuple[int, ...] = (), inplace: bool = False, **shape: Any) -> JobView:
     low, _, high = nnodes.partition(":")
     return JobView(
         id=7,
@@ -85,7 +86,7 @@ def test_nodes_that_stay_keep_their_order_and_newcomers_follow_by_name() -> None
 def test_each_node_rank_gets_the_lowest_free_gpus_of_its_own_node() -> None:
     g1, g2 = node(1, "g1", gpus=(1, 3, 4, 6)), node(2, "g2", gpus=(0, 1))
     placements = assign_gpus(job("2", nproc_per_node=2, gpus_per_proc=1), [g1, g2])
-    assert placements == (Placement(1, 0, (1, 3)), Placement(2, 1, (0, 1)))
+    assert placements == (Placement(1, 0, (1, 3), nproc=2), Placement(2, 1, (0, 1), nproc=2))
     assert g1.free_gpus == (1, 3, 4, 6)  # nothing shared is changed
     assert assign_gpus(job("1"), [g1]) == (Placement(1, 0, ()),)
 

@@ -89,7 +89,7 @@ def test_workers_ending_change_no_round_and_the_last_one_ends_the_job(decide: De
     lost = decide(reports.rank_exited, "a", job.pk, 1, worker_exit(2, 4, code=None, signal="SIGKILL"))
     assert lost.sent() == [] and lost.kinds() == ["ps.worker_lost"]
     job.refresh_from_db()
-    assert job.round_number == 1 and job.rounds.get().outcome == "" and job.job_state.is_active
+    assert job.round_number == 1 and job.rounds.get().state == "starting" and job.job_state.is_active
 
     # The other two finish: the second ends the job and stops the servers on both hosts
     assert decide(reports.rank_exited, "b", job.pk, 1, worker_exit(1, 3)).sent() == []
@@ -107,7 +107,7 @@ def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) 
     decide(scheduler.tick)
     failed = decide(reports.rank_exited, "b", job.pk, 1, worker_exit(0, 1, code=None, signal="SIGKILL"))
     assert failed.kinds() == ["rank.failed"]
-    assert job.rounds.get().awaiting_settlement
+    assert job.rounds.get().state == "settling"
     # Once a is heard from, the failure is charged: round 2 on the same nodes, every process in its place
     Node.objects.filter(name="a").update(last_heartbeat=timezone.now())
     restarted = decide(failures.settle_failed_rounds)

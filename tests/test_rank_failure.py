@@ -44,7 +44,7 @@ def test_a_failure_is_charged_once_every_host_is_heard_from_then_the_round_is_ki
         "error": "Traceback ... ValueError: bad batch",
     }
     job.refresh_from_db()
-    assert job.restarts == 0 and job.rounds.get().awaiting_settlement
+    assert job.restarts == 0 and job.rounds.get().state == "settling"
 
     # When a's rank reports its own failure (its collective broke): a is alive, the failure is charged
     settled = decide(reports.rank_exited, "a", job.pk, 1, failing_exit(rank=0, code=None, signal="SIGABRT"))
@@ -58,7 +58,7 @@ def test_a_failure_is_charged_once_every_host_is_heard_from_then_the_round_is_ki
     assert settled.events[0].data == {"nodes": ["a", "b"], "world_size": 2, "charged": True}
     job.refresh_from_db()
     assert (job.state, job.round_number, job.restarts) == (JobState.RESTARTING, 2, 1)
-    assert list(job.rounds.values_list("outcome", "awaiting_settlement")) == [("failed", False), ("", False)]
+    assert list(job.rounds.values_list("state", "outcome")) == [("ended", "failed"), ("starting", None)]
 
     # When round 2 fails too, past max_restarts: the job FAILS with its root cause, ranks stopped
     decide(reports.rank_exited, "a", job.pk, 2, failing_exit(rank=0, code=7))
@@ -87,7 +87,7 @@ def test_a_failure_with_too_few_nodes_left_sends_the_job_back_to_the_queue_charg
     assert requeued.events[0].message == "Rank failure and only 1 node(s) available; waiting for capacity"
     job.refresh_from_db()
     assert (job.state, job.restarts) == (JobState.PENDING, 1)
-    assert job.rounds.get().outcome == "failed"
+    assert (job.rounds.get().state, job.rounds.get().outcome) == ("ended", "failed")
 
 
 @pytest.mark.cluster

@@ -38,10 +38,10 @@ def test_resize_sends_the_new_round_to_its_members_and_stops_the_node_that_leave
     assert grown.sent() == [start(job, 3, "a", 0, 3), start(job, 3, "b", 1, 3), start(job, 3, "c", 2, 3)]
     job.refresh_from_db()
     assert (job.state, job.restarts, job.round_number) == (JobState.RESIZING, 0, 3)
-    assert list(job.rounds.values_list("reason", "outcome")) == [
-        ("start", "replaced"),
-        ("resize", "replaced"),
-        ("resize", ""),
+    assert list(job.rounds.values_list("reason", "state", "outcome")) == [
+        ("start", "ended", "replaced"),
+        ("resize", "ended", "replaced"),
+        ("resize", "starting", None),
     ]
 
 

@@ -61,11 +61,14 @@ def test_old_rounds_get_their_reasons_and_outcomes(transactional_db: None) -> No
 
     try:
         new = migrate(AFTER)
+        # Read at 0003 (0007 later maps these rows on: tests/test_round_state_migration.py)
+        Round, Event = new.get_model("jobs", "Round"), new.get_model("telemetry", "Event")
+        rounds = list(Round.objects.filter(job_id=job.pk).order_by("number").values_list("reason", "outcome"))
+        relabelled = Event.objects.get(job_id=job.pk, round_number=2).kind
+        flagged = Round.objects.get(job_id=waiting.pk)
     finally:
         migrate_to_latest()  # whatever happens, the next tests get the current schema
-    Round, Event = new.get_model("jobs", "Round"), new.get_model("telemetry", "Event")
 
-    rounds = list(Round.objects.filter(job_id=job.pk).order_by("number").values_list("reason", "outcome"))
     assert rounds == [
         ("start", "replaced"),
         ("preemption", "requeued"),
@@ -73,6 +76,5 @@ def test_old_rounds_get_their_reasons_and_outcomes(transactional_db: None) -> No
         ("drain", "replaced"),
         ("autoscale", ""),
     ]
-    assert Event.objects.get(job_id=job.pk, round_number=2).kind == "round.preemption"
-    flagged = Round.objects.get(job_id=waiting.pk)
+    assert relabelled == "round.preemption"
     assert (flagged.outcome, flagged.awaiting_settlement) == ("failed", True)

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.support.agents import free_port
-from workers.sdk.elastic import wait_listening
+from workers.net import wait_listening
 
 
 def test_a_store_that_never_listens_is_a_timeout() -> None:

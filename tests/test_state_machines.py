@@ -1,16 +1,26 @@
-"""The state machines (job, node, round outcome, allocation): exactly the legal moves listed here
-by hand are allowed, every other one raises. The lists are written out, not read from the tables
+"""The state machines (job, node, round, allocation): exactly the legal moves listed here by hand
+are allowed, every other one raises. The lists are written out, not read from the tables
 the code enforces, so a wrong entry in a table fails here."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import Enum
 from itertools import product
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
-from console.core.states import AllocationState, IllegalTransition, JobState, NodeState, RoundOutcome
+from console.core.states import (
+    ROUND_INITIAL,
+    AllocationState,
+    IllegalTransition,
+    JobState,
+    NodeState,
+    RoundOutcome,
+    RoundPhase,
+)
 
 JOB_LEGAL = {
     ("PENDING", "STARTING"),
@@ -62,13 +72,15 @@ NODE_LEGAL = {
     ("OFFLINE", "LOST"),
 }
 
-# "" is an open round (the job's current one).
-ROUND_OUTCOME_LEGAL = {
-    ("", "replaced"),
-    ("", "succeeded"),
-    ("", "failed"),
-    ("", "stopped"),
-    ("", "requeued"),
+ROUND_LEGAL = {
+    ("starting", "running"),
+    ("starting", "settling"),
+    ("starting", "ended"),
+    ("forming", "running"),
+    ("forming", "ended"),
+    ("running", "settling"),
+    ("running", "ended"),
+    ("settling", "ended"),
 }
 
 ALLOCATION_LEGAL = {
@@ -84,7 +96,7 @@ ALLOCATION_LEGAL = {
 MACHINES: list[tuple[Any, set[tuple[str, str]]]] = [
     (JobState, JOB_LEGAL),
     (NodeState, NODE_LEGAL),
-    (RoundOutcome, ROUND_OUTCOME_LEGAL),
+    (RoundPhase, ROUND_LEGAL),
     (AllocationState, ALLOCATION_LEGAL),
 ]
 
@@ -95,7 +107,7 @@ def every_pair() -> list[Any]:
             current,
             new,
             (current.value, new.value) in legal,
-            id=f"{enum.__name__}:{current.value or 'open'}->{new.value or 'open'}",
+            id=f"{enum.__name__}:{current.value}->{new.value}",
         )
         for enum, legal in MACHINES
         for current, new in product(list(enum), repeat=2)
@@ -126,14 +138,46 @@ def test_live_allocations_are_assigned_and_running() -> None:
     assert {s.value for s in AllocationState if s.is_live} == {"ASSIGNED", "RUNNING"}
 
 
+def test_a_round_is_made_starting_or_forming_and_nothing_leads_back_there() -> None:
+    assert {s.value for s in ROUND_INITIAL} == {"starting", "forming"}
+    assert {s.value for s in RoundPhase if s.is_open} == {"starting", "forming", "running", "settling"}
+    assert {s.value for s in RoundPhase if s.may_carry_over} == {"starting", "running", "settling"}
+
+
 def test_records_refuse_illegal_moves_and_take_a_repeated_one_as_a_no_op() -> None:
     from console.jobs.models import Allocation, Round
 
-    rnd = Round(outcome=RoundOutcome.FAILED)
-    rnd.set_outcome(RoundOutcome.FAILED)  # a redelivered failure report
+    rnd = Round(state=RoundPhase.SETTLING)
+    assert rnd.set_state(RoundPhase.SETTLING) == []  # a redelivered failure report
     with pytest.raises(IllegalTransition):
-        rnd.set_outcome(RoundOutcome.REPLACED)
+        rnd.set_state(RoundPhase.RUNNING)
     alloc = Allocation(state=AllocationState.SUCCEEDED)
     alloc.set_state(AllocationState.SUCCEEDED)
     with pytest.raises(IllegalTransition):
         alloc.set_state(AllocationState.RUNNING)
+
+
+def test_a_round_stamps_each_move_and_gets_its_outcome_once_when_it_ends() -> None:
+    from console.jobs.models import Round
+
+    made = timezone.now()
+    formed, failed, ended = (made + timedelta(seconds=s) for s in (1, 2, 3))
+    rnd = Round(state=RoundPhase.FORMING, inplace=True, created_at=made)
+    assert rnd.set_state(RoundPhase.RUNNING, at=formed) == ["state", "formed_at"]
+    assert rnd.set_state(RoundPhase.SETTLING, at=failed) == ["state", "failed_at"]
+    with pytest.raises(ValueError, match="outcome"):
+        rnd.set_state(RoundPhase.ENDED)
+    # Replaced while it settled a failure: it ended FAILED, the failure is why
+    assert rnd.set_state(RoundPhase.ENDED, at=ended, outcome=RoundOutcome.REPLACED) == [
+        "state",
+        "outcome",
+        "ended_at",
+    ]
+    assert (rnd.formed_at, rnd.failed_at, rnd.ended_at, rnd.outcome) == (formed, failed, ended, "failed")
+    assert rnd.set_state(RoundPhase.ENDED, outcome=RoundOutcome.STOPPED) == [] and rnd.outcome == "failed"
+    with pytest.raises(ValueError, match="outcome"):
+        Round(state=RoundPhase.STARTING).set_state(RoundPhase.RUNNING, outcome=RoundOutcome.SUCCEEDED)
+    fresh = Round(state=RoundPhase.STARTING)
+    assert fresh.set_state(RoundPhase.RUNNING) == ["state"] and fresh.formed_at is None
+    fresh.set_state(RoundPhase.ENDED, outcome=RoundOutcome.SUCCEEDED)
+    assert fresh.outcome == "succeeded" and fresh.ended_at is not None

@@ -24,7 +24,7 @@ def test_stop_tells_every_member_and_ends_the_job(decide: Decide) -> None:
     job.refresh_from_db()
     assert job.state == JobState.STOPPED and job.finished_at is not None
     rnd = job.rounds.get()
-    assert rnd.outcome == "stopped" and rnd.ended_at is not None
+    assert (rnd.state, rnd.outcome) == ("ended", "stopped") and rnd.ended_at is not None
     assert set(rnd.allocations.values_list("state", flat=True)) == {AllocationState.STOPPED}
 
     with pytest.raises(actions.ControlError, match="already STOPPED"):

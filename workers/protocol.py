@@ -67,20 +67,44 @@ AGENT_HEARTBEAT_NOW = "trainyard.agent.heartbeat_now"
 agent sends its next heartbeat at once instead of at the end of its interval."""
 
 
+class IllegalMove(Exception):
+    """A move its machine's table does not list."""
+
+
 class RankState(StrEnum):
-    """A rank process on a host: RUNNING until it ends (SUCCEEDED, FAILED) or is stopped."""
+    """A rank process on a host: RUNNING until it ends on its own (SUCCEEDED, FAILED) or is
+    stopped (STOPPED). The agent moves it (``workers/agent/lifecycle.py``'s ``Rank.set_state``)."""
 
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
 
+    @property
+    def is_final(self) -> bool:
+        return not RANK_TRANSITIONS[self]
+
+    def can_become(self, new: RankState) -> bool:
+        return new in RANK_TRANSITIONS[self]
+
+
+RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+    RankState.RUNNING: frozenset({RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED}),
+    RankState.SUCCEEDED: frozenset(),
+    RankState.FAILED: frozenset(),
+    RankState.STOPPED: frozenset(),
+}
+
 
 class RoundState(StrEnum):
     """A round on one host, as its agent reports it in heartbeats and CONTROL_ROUND_ENDED.
 
-    STARTING (preparing, launching) -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED.
-    The agent's own states (`LocalState`) and their table: workers/agent/lifecycle.py."""
+    STARTING (preparing, launching) → RUNNING → STOPPING → SUCCEEDED | FAILED | STOPPED; a round
+    whose launch fails goes STARTING → STOPPING | FAILED. An in-place round (carry_over) is
+    RUNNING from the start. The table is what a report may show after the last one; the agent's
+    finer states (`LocalState`, workers/agent/lifecycle.py) project onto it, and a move between
+    two of those never projects onto a move this table lacks (tests/test_agent_local_states.py).
+    Reports are samples: a heartbeat may miss a state in between (RUNNING, then FAILED)."""
 
     STARTING = "starting"
     RUNNING = "running"
@@ -91,7 +115,46 @@ class RoundState(StrEnum):
 
     @property
     def is_final(self) -> bool:
-        return self in (RoundState.SUCCEEDED, RoundState.FAILED, RoundState.STOPPED)
+        return not ROUND_TRANSITIONS[self]
+
+    def can_become(self, new: RoundState) -> bool:
+        return new in ROUND_TRANSITIONS[self]
+
+
+ROUND_TRANSITIONS: dict[RoundState, frozenset[RoundState]] = {
+    RoundState.STARTING: frozenset({RoundState.RUNNING, RoundState.STOPPING, RoundState.FAILED}),
+    RoundState.RUNNING: frozenset({RoundState.STOPPING, RoundState.SUCCEEDED}),
+    RoundState.STOPPING: frozenset({RoundState.STOPPED, RoundState.FAILED}),
+    RoundState.SUCCEEDED: frozenset(),
+    RoundState.FAILED: frozenset(),
+    RoundState.STOPPED: frozenset(),
+}
+
+
+class InplaceStatus(StrEnum):
+    """How far an in-place rank is with the round it was told about: the SDK writes it per rank
+    (workers/sdk/elastic_control.py's state file), the agent reports one per host in heartbeats
+    (``RoundStatus.inplace``, from its ranks': ``workers/agent/monitor.py``'s ``inplace_state``)
+    and the console keeps the host's last word (``Allocation.inplace``).
+
+    FORMING: re-forming the process group at the round (a host: not every local rank formed yet).
+    FORMED: formed (a host: every local rank formed or left).
+    FAILED: could not form; the controller falls back to a restart.
+    LEFT: this rank's node left the job at the round (per rank only; a host reports FORMED).
+    WAITING: a peer died mid-step; the rank waits for the next round (a host: one rank waits, so
+        the host is alive since the failure: failures.settle_failure's proof of life).
+    """
+
+    FORMING = "forming"
+    FORMED = "formed"
+    FAILED = "failed"
+    LEFT = "left"
+    WAITING = "waiting"
+
+    @classmethod
+    def _missing_(cls, value: object) -> InplaceStatus | None:
+        # Agents before this enum reported a host not yet formed as "pending".
+        return cls.FORMING if value == "pending" else None
 
 
 class BundleRef(TypedDict):
@@ -218,11 +281,9 @@ class RoundStatus(TypedDict):
     first_step_at: float | None  # unix time of the first step logged in this round
     # The script's own total (sdk.progress: the newest ``total_steps`` a local rank logged).
     total_steps: NotRequired[int]
-    # In-place rounds only, from the SDK's state files: "pending" until every local rank has
-    # re-formed at this round ("formed"), "failed" when one could not (the controller restarts),
-    # "waiting" when a local rank saw a peer fail mid-step and waits for the next round (the
-    # host is alive since that failure: failures.settle_failure counts it as proof of life).
-    inplace: NotRequired[str]
+    # In-place rounds only, from the SDK's state files: InplaceStatus (forming, formed, failed or
+    # waiting; see there).
+    inplace: NotRequired[InplaceStatus]
     inplace_reason: NotRequired[str]
     inplace_formed_at: NotRequired[float]  # unix time the host's last rank formed the round
 
@@ -264,9 +325,5 @@ ENV_STRATEGY = "TRAINYARD_STRATEGY"
 ENV_NODE = "TRAINYARD_NODE"
 # Each rank's control file (workers/sdk/elastic_control.py): the agent writes the round the rank is in
 # (job_id, round, rank (-1 = leave), local_rank, world_size, master_addr, master_port); the SDK
-# writes its state (forming|formed|failed|left, round, step) to the same path plus ".state".
+# writes its InplaceStatus (with round, step) to the same path plus ".state".
 ENV_CONTROL = "TRAINYARD_CONTROL"
-INPLACE_PENDING = "pending"
-INPLACE_FORMED = "formed"
-INPLACE_FAILED = "failed"
-INPLACE_WAITING = "waiting"

@@ -543,19 +543,19 @@ class Trainyard:
         took = first_record_after(record, t0, world=nodes, round_above=before)
         with (record.parent / "resizes.jsonl").open("a") as log:  # for reading the records after
             log.write(json.dumps({"t0": t0, "nodes": nodes, "round_above": before, "took": took}) + "\n")
-        if not Round.objects.filter(job_id=job, number=before + 1).exclude(carry_over={}).exists():
+        if not Round.objects.filter(job_id=job, number=before + 1, inplace=True).exists():
             print(f"  round {before + 1} was not in place", flush=True)
             return None
         return took
 
     def settled(self, job_id: int, world: int, timeout: float = 60.0) -> bool:
         """The job's current round has ``world`` ranks and, if in place, has formed."""
-        from console.jobs.models import Job
+        from console.jobs.models import Job, RoundPhase
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             rnd = Job.objects.get(pk=job_id).current_round()
-            if rnd is not None and rnd.world_size == world and (not rnd.inplace or rnd.formed_at is not None):
+            if rnd is not None and rnd.world_size == world and rnd.state != RoundPhase.FORMING:
                 return True
             time.sleep(0.05)
         return False

@@ -1,7 +1,7 @@
 """The console's state machines, one enum and one transition table each, and why rounds start.
 
-Every record that has a life (job, node, round, allocation) moves only through ``set_state`` /
-``set_outcome`` on its model, which checks the table here and raises IllegalTransition. Moving to
+Every record that has a life (job, node, round, allocation) moves only through ``set_state`` on
+its model, which checks the table here and raises IllegalTransition. Moving to
 the state a record is already in is a no-op, not a transition (a redelivered report must not fail).
 The agent's own round and rank states are workers/protocol.py's RoundState and RankState.
 """
@@ -13,7 +13,7 @@ from django.db import models
 
 class IllegalTransition(Exception):
     def __init__(self, kind: str, current: str, new: str) -> None:
-        super().__init__(f"{kind} cannot go from {current or 'open'} to {new or 'open'}")
+        super().__init__(f"{kind} cannot go from {current} to {new}")
         self.current = current
         self.new = new
 
@@ -149,45 +149,71 @@ class RoundReason(models.TextChoices):
         return self in (RoundReason.RESIZE, RoundReason.AUTOSCALE, RoundReason.PREEMPTION, RoundReason.DRAIN)
 
 
-class RoundOutcome(models.TextChoices):
-    """How a round ended: OPEN → REPLACED | SUCCEEDED | FAILED | STOPPED | REQUEUED; no way back.
+class RoundPhase(models.TextChoices):
+    """Where a round is in its life. ``Round.set_state`` is the only way it moves (table below).
 
-    FAILED is set at the round's first rank failure, while its ranks may still run: the round
-    stays the job's current one until the controller settles what the failure costs
-    (``Round.awaiting_settlement``), and keeps FAILED whatever replaces it afterwards.
+    STARTING → RUNNING → SETTLING → ENDED; an in-place round starts FORMING instead (→ RUNNING).
+
+    - STARTING: made and sent to its hosts; none has reported its ranks running yet.
+    - FORMING: in place: the previous round's ranks carry over and re-form at this round's
+      address (console/jobs/inplace.py). RUNNING once every host reports its ranks formed
+      (``Round.formed_at``); a host that cannot, a rank failure or a timeout instead end it
+      (REPLACED by a fallback round).
+    - RUNNING: a host reported its ranks running (or, in place, every host formed).
+    - SETTLING: a rank failed (``Round.failed_at``, ``Round.failure``); the controller waits for
+      every host to show it is alive before it decides what the failure costs
+      (console/jobs/failures.py). Still the job's current round; its other ranks may still run.
+    - ENDED: replaced, requeued, or the job ended. ``Round.outcome`` says how, set once, here.
     """
 
-    OPEN = "", "open"  # the job's current round (blank, as before the enum, so old rows read alike)
+    STARTING = "starting", "starting"
+    FORMING = "forming", "forming"
+    RUNNING = "running", "running"
+    SETTLING = "settling", "settling a failure"
+    ENDED = "ended", "ended"
+
+    @property
+    def is_open(self) -> bool:
+        """The job's current round (or was, until it ended): its ranks may be running."""
+        return self is not RoundPhase.ENDED
+
+    @property
+    def may_carry_over(self) -> bool:
+        """Its ranks run in one group (not still re-forming, not ended): an in-place round can
+        carry them over."""
+        return self in (RoundPhase.STARTING, RoundPhase.RUNNING, RoundPhase.SETTLING)
+
+    def can_become(self, new: RoundPhase) -> bool:
+        return new in ROUND_TRANSITIONS[self]
+
+    def check_transition(self, new: RoundPhase) -> None:
+        if not self.can_become(new):
+            raise IllegalTransition("round", self.value, new.value)
+
+
+ROUND_TRANSITIONS: dict[RoundPhase, frozenset[RoundPhase]] = {
+    RoundPhase.STARTING: frozenset({RoundPhase.RUNNING, RoundPhase.SETTLING, RoundPhase.ENDED}),
+    # A rank failure before forming is the in-place change's failure: a fallback replaces it.
+    RoundPhase.FORMING: frozenset({RoundPhase.RUNNING, RoundPhase.ENDED}),
+    RoundPhase.RUNNING: frozenset({RoundPhase.SETTLING, RoundPhase.ENDED}),
+    # Settled: the job restarts (a new round) or fails; either way this round ends.
+    RoundPhase.SETTLING: frozenset({RoundPhase.ENDED}),
+    RoundPhase.ENDED: frozenset(),
+}
+
+# A round is made in one of these (in place or not); no move leads into them.
+ROUND_INITIAL = frozenset({RoundPhase.STARTING, RoundPhase.FORMING})
+
+
+class RoundOutcome(models.TextChoices):
+    """How a round ended: set once, with its move to ENDED (none before). A round that ends
+    while SETTLING a failure ends FAILED, whatever replaced it: the failure is why it ended."""
+
     REPLACED = "replaced", "replaced"  # a newer round took over; its reason says why
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
     STOPPED = "stopped", "stopped"  # the operator stopped the job
     REQUEUED = "requeued", "requeued"  # too few nodes were left: the job went back to PENDING
-
-    def can_become(self, new: RoundOutcome) -> bool:
-        return new in ROUND_OUTCOME_TRANSITIONS[self]
-
-    def check_transition(self, new: RoundOutcome) -> None:
-        if not self.can_become(new):
-            raise IllegalTransition("round", self.value, new.value)
-
-
-ROUND_OUTCOME_TRANSITIONS: dict[RoundOutcome, frozenset[RoundOutcome]] = {
-    RoundOutcome.OPEN: frozenset(
-        {
-            RoundOutcome.REPLACED,
-            RoundOutcome.SUCCEEDED,
-            RoundOutcome.FAILED,
-            RoundOutcome.STOPPED,
-            RoundOutcome.REQUEUED,
-        }
-    ),
-    RoundOutcome.REPLACED: frozenset(),
-    RoundOutcome.SUCCEEDED: frozenset(),
-    RoundOutcome.FAILED: frozenset(),
-    RoundOutcome.STOPPED: frozenset(),
-    RoundOutcome.REQUEUED: frozenset(),
-}
 
 
 # --- allocation (a node's place in a round) -------------------------------------------------

@@ -62,7 +62,7 @@ def resize_role(job_id: int, role: str, count: int, actor: Any) -> Job:
             raise InvalidRequest(str(exc)) from None
         previous = job.role_count(role)
         rnd = job.current_round()
-        if role == job_roles.WORKER and job.job_state.is_active and rnd is not None and rnd.ended_at is None:
+        if role == job_roles.WORKER and job.job_state.is_active and rnd is not None and not rnd.ended:
             try:
                 parameter_server.resize_workers(job, count, timezone.now())
             except parameter_server.NoRoom as exc:

@@ -35,6 +35,7 @@ class RoundInline(ReadOnlyInline):
         "master_addr",
         "master_port",
         "charged",
+        "state",
         "outcome",
         "created_at",
     )
@@ -147,10 +148,11 @@ class RoundAdmin(admin.ModelAdmin):
         "world_size",
         "master_addr",
         "master_port",
+        "state",
         "outcome",
         "created_at",
     )
-    list_filter = ("reason", "outcome")
+    list_filter = ("state", "reason", "outcome")
     search_fields = ("job__name",)
     inlines = [AllocationInline]
 

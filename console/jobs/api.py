@@ -259,7 +259,6 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class RoundSerializer(serializers.ModelSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
-    inplace = serializers.BooleanField(read_only=True, help_text="Survivors kept their processes")
     change_seconds = serializers.FloatField(
         read_only=True, allow_null=True, help_text="How long the membership change into this round took"
     )
@@ -273,14 +272,16 @@ class RoundSerializer(serializers.ModelSerializer):
             "master_addr",
             "master_port",
             "charged",
+            "state",
+            "outcome",
             "inplace",
             "carry_over",
-            "formed_at",
             "change_seconds",
             "created_at",
+            "formed_at",
             "first_step_at",
+            "failed_at",
             "ended_at",
-            "outcome",
             "allocations",
         ]
 

@@ -1,7 +1,8 @@
 """Failure policy: what a rank failure costs a job.
 
-A round's first rank failure is recorded (Round.outcome FAILED, awaiting settlement). It is
-settled, charged against max_restarts, only once every host of the round has shown it is alive
+A round's first rank failure is recorded: the round moves to SETTLING (console/core/states.py's
+RoundPhase; ``Round.failed_at``, ``Round.failure``). It is settled, charged against max_restarts,
+only once every host of the round has shown it is alive
 since the failure (a report or heartbeat after it, or, for a round recovered in place, a heartbeat
 saying its ranks wait for the next round: they saw the failure's broken collective; the controller asks the hosts not yet heard from for a
 heartbeat at once, AGENT_HEARTBEAT_NOW): peers of a dead host fail in their collectives long before its heartbeats
@@ -21,9 +22,9 @@ from django.utils import timezone
 
 from console.cluster.models import Node
 from console.core.decision import decision
-from console.core.states import AllocationState, JobState, NodeState, RoundOutcome, RoundReason
+from console.core.states import AllocationState, JobState, NodeState, RoundPhase, RoundReason
 from console.core.transport import send_on_commit
-from console.jobs.inplace import fall_back, forming
+from console.jobs.inplace import fall_back
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.rounds import finish_job
@@ -31,6 +32,7 @@ from console.jobs.snapshot import members
 from console.telemetry import events
 from console.telemetry.models import Severity
 from workers import protocol
+from workers.protocol import InplaceStatus
 
 
 def failed(exit: protocol.RankExit) -> bool:
@@ -40,7 +42,7 @@ def failed(exit: protocol.RankExit) -> bool:
 def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
     """Record the round's first failure, then settle it if every host has shown it is alive."""
     rnd = alloc.round
-    if forming(rnd):
+    if rnd.round_state is RoundPhase.FORMING:
         # Before its ranks re-formed in place: the in-place change failed, not the job.
         what = describe({"signal": exit.get("signal"), "exit_code": exit.get("exit_code")})
         said = (exit.get("error") or "").strip().splitlines()
@@ -50,7 +52,7 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
     if alloc.is_live:
         alloc.set_state(AllocationState.FAILED)
         alloc.save(update_fields=["state"])
-    if rnd.round_outcome is not RoundOutcome.OPEN:
+    if rnd.round_state is RoundPhase.SETTLING:
         settle_failure(job, rnd)  # this report may be the proof of life that was missing
         return
     cause = {
@@ -62,11 +64,8 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
         "signal": exit.get("signal"),
         "error": (exit.get("error") or "")[-4000:],
     }
-    rnd.set_outcome(RoundOutcome.FAILED)
-    rnd.awaiting_settlement = True
-    rnd.failed_at = now
     rnd.failure = cause
-    rnd.save(update_fields=["outcome", "awaiting_settlement", "failed_at", "failure"])
+    rnd.save(update_fields=["failure", *rnd.set_state(RoundPhase.SETTLING, at=now)])
     for node in unproven(rnd):
         # Its next heartbeat is the proof of life the settlement waits for: ask for it now.
         send_on_commit(protocol.AGENT_HEARTBEAT_NOW, node.queue)
@@ -86,8 +85,8 @@ def describe(cause: dict[str, Any]) -> str:
 
 
 def settle_failure(job: Job, rnd: Round) -> None:
-    """Restart (charged) or fail a job whose current round awaits settlement of a rank failure."""
-    if job.round_number != rnd.number or not rnd.awaiting_settlement or not job.job_state.is_active:
+    """Restart (charged) or fail a job whose current round is settling a rank failure."""
+    if job.round_number != rnd.number or rnd.state != RoundPhase.SETTLING or not job.job_state.is_active:
         return
     if unproven(rnd):
         return  # a host has not shown it is alive since the failure: it may be the cause
@@ -112,7 +111,7 @@ def unproven(rnd: Round) -> list[Node]:
     assert rnd.failed_at is not None
     failed_at = rnd.failed_at
     alive_states = (NodeState.ONLINE, NodeState.DRAINING, NodeState.DRAINED)
-    waiting = set(rnd.allocations.filter(inplace=protocol.INPLACE_WAITING).values_list("node_id", flat=True))
+    waiting = set(rnd.allocations.filter(inplace=InplaceStatus.WAITING).values_list("node_id", flat=True))
     return [
         n
         for n in members(rnd)
@@ -125,7 +124,7 @@ def unproven(rnd: Round) -> list[Node]:
 def settle_failed_rounds() -> None:
     """The tick's pass over failures still waiting for proof of life."""
     waiting = Round.objects.filter(
-        awaiting_settlement=True,
+        state=RoundPhase.SETTLING,
         number=F("job__round_number"),
         job__state__in=[s.value for s in JobState if s.is_active],
     ).values_list("job_id", flat=True)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from django.conf import settings
 
 from console.cluster.models import Node
-from console.core.states import RoundOutcome, RoundReason
+from console.core.states import RoundReason
 from console.jobs.models import Job, Round
 from console.jobs.planning import Plan, Snapshot, plan_round
 from console.jobs.rounds import Note, apply_plan
 from console.jobs.snapshot import snapshot
+from console.jobs.wiring import wire
 from console.telemetry.models import Severity
 
 
@@ -41,16 +42,15 @@ def change_membership(
         reason,
         leaving=leaving.pk if leaving else None,
         target=target,
-        previous_failed=current is not None and current.round_outcome is RoundOutcome.FAILED,
+        previous_failed=current is not None and current.failed,
         # An in-place round needs the ranks running, and in a group: not one still re-forming.
-        previous_running=current is not None
-        and current.ended_at is None
-        and (not current.inplace or current.formed_at is not None),
+        previous_running=current is not None and current.round_state.may_carry_over,
         failed_ranks=failed_ranks(current),
         recover_in_place=settings.INPLACE_RECOVERY,
     )
     if plan is None:
         return None
+    plan = wire(snap, plan)
     apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
     return plan
 

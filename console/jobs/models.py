@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 from console.cluster.models import Node
-from console.core.states import AllocationState, JobState, RoundOutcome, RoundReason
+from console.core.states import AllocationState, JobState, RoundOutcome, RoundPhase, RoundReason
+from workers.protocol import InplaceStatus
 
 __all__ = [
     "Allocation",
@@ -20,6 +23,7 @@ __all__ = [
     "Precision",
     "Round",
     "RoundOutcome",
+    "RoundPhase",
     "RoundReason",
     "Strategy",
     "job_summary",
@@ -166,7 +170,12 @@ class Job(models.Model):
 
 
 class Round(models.Model):
-    """A fixed membership of a job: which nodes, their ranks, world size, master address."""
+    """A fixed membership of a job: which nodes, their ranks, world size, master address.
+
+    Its life is ``state`` (a RoundPhase) and nothing else; ``set_state`` is the only way it moves
+    and stamps the moment each move happened (formed, failed, ended). ``outcome`` is set once, when
+    it ends. The timestamps are for people and benches, never read as the state.
+    """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rounds")
     number = models.PositiveIntegerField()
@@ -175,26 +184,24 @@ class Round(models.Model):
     master_addr = models.CharField(max_length=255)
     master_port = models.PositiveIntegerField()
     charged = models.BooleanField(default=False, help_text="Counted against max_restarts")
-    created_at = models.DateTimeField(auto_now_add=True)
-    first_step_at = models.DateTimeField(null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=RoundPhase.choices, default=RoundPhase.STARTING)
     outcome = models.CharField(
-        max_length=32, blank=True, choices=RoundOutcome.choices, default=RoundOutcome.OPEN
+        max_length=16, null=True, blank=True, choices=RoundOutcome.choices, help_text="How it ended"
     )
-    failed_at = models.DateTimeField(
-        null=True, blank=True, help_text="When its first rank failure was reported"
-    )
-    failure = models.JSONField(default=dict, blank=True, help_text="The first failing rank and its error")
-    awaiting_settlement = models.BooleanField(
-        default=False,
-        help_text="A rank failed; the controller has not yet decided what it costs the job",
-    )
+    inplace = models.BooleanField(default=False, help_text="The previous round's ranks carried over")
     # In-place rounds: the previous round's ranks that stay, {"from_round": N, "ranks": {old: new}}
-    # (protocol.CarryOver); empty for a round that starts every rank afresh.
+    # (protocol.CarryOver, what the agents are sent); {} for a round that starts every rank afresh.
     carry_over = models.JSONField(default=dict, blank=True)
+    failure = models.JSONField(default=dict, blank=True, help_text="The first failing rank and its error")
+    created_at = models.DateTimeField(auto_now_add=True)
     formed_at = models.DateTimeField(
         null=True, blank=True, help_text="When every host reported its ranks re-formed in place"
     )
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its first rank failure was reported"
+    )
+    ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -205,14 +212,44 @@ class Round(models.Model):
             models.CheckConstraint(
                 condition=Q(master_port__gte=1) & Q(master_port__lte=65535), name="round_port_valid"
             ),
+            # The state is the life; the other columns only record it (Round.set_state keeps them so).
+            models.CheckConstraint(
+                condition=Q(state=RoundPhase.ENDED, outcome__isnull=False, ended_at__isnull=False)
+                | (~Q(state=RoundPhase.ENDED) & Q(outcome__isnull=True, ended_at__isnull=True)),
+                name="round_ended_with_outcome",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=RoundPhase.SETTLING) | Q(failed_at__isnull=False),
+                name="round_settling_since_failure",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=RoundPhase.FORMING) | Q(inplace=True), name="round_forming_in_place"
+            ),
+            models.CheckConstraint(
+                condition=(Q(inplace=True) & ~Q(carry_over={})) | Q(inplace=False, carry_over={}),
+                name="round_inplace_carries_over",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"job {self.job_id} round {self.number}"
 
     @property
-    def inplace(self) -> bool:
-        return bool(self.carry_over)
+    def round_state(self) -> RoundPhase:
+        return RoundPhase(self.state)
+
+    @property
+    def round_outcome(self) -> RoundOutcome | None:
+        return RoundOutcome(self.outcome) if self.outcome else None
+
+    @property
+    def ended(self) -> bool:
+        return self.state == RoundPhase.ENDED
+
+    @property
+    def failed(self) -> bool:
+        """A rank of it failed: settling now, or ended for it."""
+        return self.state == RoundPhase.SETTLING or self.outcome == RoundOutcome.FAILED
 
     @property
     def change_seconds(self) -> float | None:
@@ -223,16 +260,34 @@ class Round(models.Model):
             return None
         return max(0.0, (end - self.created_at).total_seconds())
 
-    @property
-    def round_outcome(self) -> RoundOutcome:
-        return RoundOutcome(self.outcome)
-
-    def set_outcome(self, new: RoundOutcome) -> None:
-        """End with ``new``; raises IllegalTransition when the round already ended otherwise."""
-        if self.outcome == new:
-            return
-        self.round_outcome.check_transition(new)
-        self.outcome = new
+    def set_state(
+        self, new: RoundPhase, *, at: datetime | None = None, outcome: RoundOutcome | None = None
+    ) -> list[str]:
+        """Move to ``new`` at ``at`` (now by default), stamping the matching time: ``formed_at`` for
+        FORMING → RUNNING, ``failed_at`` for → SETTLING, ``ended_at`` (and ``outcome``, required
+        then and only then) for → ENDED. Raises IllegalTransition when the table forbids the move.
+        Moving to the state it is in changes nothing (a redelivered report). Returns the fields
+        changed, for ``save(update_fields=...)``."""
+        if (new is RoundPhase.ENDED) != (outcome is not None):
+            raise ValueError("a round's outcome is given with its move to ENDED, and only then")
+        if self.state == new:
+            return []
+        current = self.round_state
+        current.check_transition(new)
+        when = at or timezone.now()
+        self.state = new
+        changed = ["state"]
+        if current is RoundPhase.FORMING and new is RoundPhase.RUNNING:
+            self.formed_at = when
+            changed.append("formed_at")
+        elif new is RoundPhase.SETTLING:
+            self.failed_at = when
+            changed.append("failed_at")
+        elif new is RoundPhase.ENDED:
+            self.outcome = RoundOutcome.FAILED if current is RoundPhase.SETTLING else outcome
+            self.ended_at = when
+            changed += ["outcome", "ended_at"]
+        return changed
 
 
 class Allocation(models.Model):
@@ -248,8 +303,8 @@ class Allocation(models.Model):
     # parameter_server only: this node's processes by local rank, [{"role", "index", "rank",
     # "port"}] (port for the coordinator and PS, which listen); empty for allreduce.
     processes = models.JSONField(default=list, blank=True)
-    # In-place rounds: what the host's heartbeats say of its ranks (protocol.INPLACE_*).
-    inplace = models.CharField(max_length=16, blank=True)
+    # In-place rounds: what the host's heartbeats last said of its ranks; "" before any word.
+    inplace = models.CharField(max_length=16, blank=True, choices=[(s.value, s.value) for s in InplaceStatus])
 
     class Meta:
         ordering = ["round", "node_rank"]

@@ -14,6 +14,7 @@ resume from their checkpoints.
 from __future__ import annotations
 
 import math
+import random
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +25,10 @@ from console.core.transport import send_on_commit
 from console.jobs.failures import describe, failed, record_failure
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.planning import Process, Regroup, regroup_workers, replace_workers
-from console.jobs.rounds import dense_group, finish_job, ports_of
+from console.jobs.rounds import finish_job
 from console.jobs.snapshot import node_views
 from console.jobs.spec import round_spec
+from console.jobs.wiring import dense_group
 from console.telemetry import events
 from console.telemetry.models import Severity
 from workers import protocol
@@ -149,15 +151,18 @@ def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | N
     if regroup is None:
         raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
     changed: set[int] = set()
-    group: list[tuple[Any, dict[str, Any]]] = []
-    for position, process in regroup.add:
-        row: dict[str, Any] = {"role": process.role, "index": process.index, "rank": process.rank}
-        allocs[position].processes = [*allocs[position].processes, row]
-        group.append((allocs[position].node, row))
+    added_processes = list(regroup.add)
+    if hybrid and added_processes:
+        # The new workers' dense group: its store on the lowest new worker's node, at a port
+        # none of that node's processes hold (planning.Process.ports).
+        head = min(added_processes, key=lambda member: member[1].index)[0]
+        held = {port for row in allocs[head].processes for port in Process.of_row(row).ports()}
+        members = [(free_slots[allocs[position].node_id], p) for position, p in added_processes]
+        grouped = {p.index: p for p in dense_group(members, held, random.Random())}
+        added_processes = [(position, grouped[p.index]) for position, p in added_processes]
+    for position, process in added_processes:
+        allocs[position].processes = [*allocs[position].processes, process.row()]
         changed.add(position)
-    if hybrid and group:
-        head = min(group, key=lambda member: int(member[1]["index"]))[0]
-        dense_group(group, ports_of(next(a.processes for a in allocs if a.node_id == head.pk)))
     for position, alloc in enumerate(allocs):
         rows = [dict(p) for p in alloc.processes]
         for row in rows:
@@ -208,7 +213,7 @@ def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:
     """What the job page shows of each role: the count asked for, the processes of the current
     round still running (a worker that ended or was removed is not) and where they run."""
     where: dict[str, dict[str, list[int]]] = {"ps": {}, "worker": {}}
-    if rnd is not None and rnd.ended_at is None:
+    if rnd is not None and not rnd.ended:
         for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
             ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
             for local_rank, process in enumerate(alloc.processes):
@@ -311,7 +316,7 @@ def role_stats(job: Job, rnd: Round | None) -> dict[str, Any]:
     if rnd is not None:
         for alloc in sorted(rnd.allocations.all(), key=lambda a: a.node_rank):
             ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
-            live = alloc.is_live and rnd.ended_at is None
+            live = alloc.is_live and not rnd.ended
             for local_rank, process in enumerate(alloc.processes):
                 running = live and not process.get("removed") and local_rank not in ended
                 processes.append({**process, "node": alloc.node.name, "running": running})

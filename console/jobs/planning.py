@@ -9,7 +9,8 @@ plan (rows, state, commands, events) is console/jobs/rounds.py's job.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from console.core.states import RoundReason
 
@@ -23,6 +24,10 @@ class NodeView:
     takes_work: bool  # ONLINE: new rounds may be placed here
     free_slots: int  # CPU rank slots
     free_gpus: tuple[int, ...] = ()  # GPU indices, lowest first
+    address: str = "127.0.0.1"  # where peers reach it (a round's listeners bind there)
+    # Ports a listener here held or was handed lately (rounds' stores, PS, coordinators): a new
+    # round's listeners take others (a store left half-closed made gloo refuse the next one).
+    recent_ports: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,14 @@ class JobView:
     gpus_per_proc: int = 0
     priority: int = 0
     members: tuple[int, ...] = ()
+    round_number: int = 0  # the round ``members`` are in (0: none yet)
+    round_open: bool = True  # that round has not ended: its ranks may still run and must stop
     inplace: bool = False  # its script keeps its processes across rounds (sdk.elastic)
-    # parameter_server jobs: the PS and worker counts (0 for allreduce).
+    # parameter_server jobs: the PS and worker counts (0 for allreduce), and whether the workers
+    # all-reduce the dense part in a DDP group of their own (mode "hybrid").
     ps_count: int = 0
     workers: int = 0
+    hybrid: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -104,11 +113,47 @@ class Snapshot:
 @dataclass(frozen=True)
 class Process:
     """One process of a parameter-server round: its role ("coordinator", "ps" or "worker"), its
-    index within the role and its rank among all the round's processes."""
+    index within the role and its rank among all the round's processes; where it listens (the
+    coordinator and the PS), and a hybrid worker's place in its dense (DDP) group."""
 
     role: str
     index: int
     rank: int
+    port: int | None = None
+    dense_rank: int | None = None
+    dense_world: int | None = None
+    dense_master: str | None = None  # host:port of dense rank 0's store
+
+    def row(self) -> dict[str, Any]:
+        """As ``Allocation.processes`` stores it (and protocol.PsProcess carries it)."""
+        row: dict[str, Any] = {"role": self.role, "index": self.index, "rank": self.rank}
+        if self.port is not None:
+            row["port"] = self.port
+        if self.dense_master is not None:
+            row.update(
+                dense_rank=self.dense_rank, dense_world=self.dense_world, dense_master=self.dense_master
+            )
+        return row
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any]) -> Process:
+        dense = "dense_master" in row
+        return cls(
+            str(row["role"]),
+            int(row["index"]),
+            int(row["rank"]),
+            port=int(row["port"]) if "port" in row else None,
+            dense_rank=int(row["dense_rank"]) if dense else None,
+            dense_world=int(row["dense_world"]) if dense else None,
+            dense_master=str(row["dense_master"]) if dense else None,
+        )
+
+    def ports(self) -> set[int]:
+        """The ports it listens on (its own, and the dense store as dense rank 0)."""
+        held = {self.port} if self.port is not None else set()
+        if self.dense_master is not None and self.dense_rank == 0:
+            held.add(int(self.dense_master.rpartition(":")[2]))
+        return held
 
 
 @dataclass(frozen=True)
@@ -119,6 +164,7 @@ class Placement:
     node_rank: int
     gpus: tuple[int, ...] = ()
     processes: tuple[Process, ...] = ()  # parameter_server jobs only, by local rank
+    nproc: int = 1  # its rank processes: nproc_per_node, or its parameter-server processes
 
 
 @dataclass(frozen=True)
@@ -133,10 +179,18 @@ class Plan:
     # In place: the previous round's ranks that stay, (old global rank, new global rank); their
     # nodes keep them running and start only the others. Empty: every rank starts afresh.
     carry_over: tuple[tuple[int, int], ...] = ()
+    carry_from: int = 0  # the round they carry over from
+    # Where rank 0's store listens (a parameter-server round: its coordinator): console/jobs/wiring.py.
+    master_addr: str = ""
+    master_port: int = 0
 
     @property
     def inplace(self) -> bool:
         return bool(self.carry_over)
+
+    @property
+    def world_size(self) -> int:
+        return sum(p.nproc for p in self.placements)
 
     @property
     def requeue(self) -> bool:
@@ -160,7 +214,7 @@ def assign_gpus(job: JobView, members: Sequence[NodeView]) -> tuple[Placement, .
     """Node ranks in order, each with the lowest free GPUs of its node (none for CPU jobs)."""
     need = job.gpus_per_node
     return tuple(
-        Placement(node.id, rank, tuple(node.free_gpus[:need]) if need else ())
+        Placement(node.id, rank, tuple(node.free_gpus[:need]) if need else (), nproc=job.nproc_per_node)
         for rank, node in enumerate(members)
     )
 
@@ -185,7 +239,7 @@ def with_processes(job: JobView, placements: tuple[Placement, ...]) -> tuple[Pla
         return placements
     shares = place_processes(job.ps_count, job.workers, len(placements))
     return tuple(
-        Placement(p.node_id, p.node_rank, p.gpus, share)
+        Placement(p.node_id, p.node_rank, p.gpus, share, nproc=len(share))
         for p, share in zip(placements, shares, strict=True)
         if share
     )
@@ -307,26 +361,29 @@ def plan_round(
     if chosen is None:
         return None
     members = order_members(snap.job.members, chosen)
+    plan = None
     if recover_in_place and members and previous_running:
-        recovered = recovery_in_place(snap, reason, members, failed_ranks)
-        if recovered is not None:
-            return recovered
-    broken = previous_failed or reason.breaks_previous
-    kept = {n.id for n in members}
-    if not members or broken:
-        stop = snap.job.members
-    else:
-        stop = tuple(pk for pk in snap.job.members if pk not in kept)
-    return Plan(
-        reason=reason,
-        placements=with_processes(snap.job, assign_gpus(snap.job, members)),
-        stop=tuple(stop),
-        stop_at_once=broken and bool(members),
-        charged=reason.charged,
-        carry_over=carried(snap.job, members)
-        if snap.job.inplace and reason.may_be_inplace and previous_running and not broken
-        else (),
-    )
+        plan = recovery_in_place(snap, reason, members, failed_ranks)
+    if plan is None:
+        broken = previous_failed or reason.breaks_previous
+        kept = {n.id for n in members}
+        if not members or broken:
+            stop = snap.job.members
+        else:
+            stop = tuple(pk for pk in snap.job.members if pk not in kept)
+        plan = Plan(
+            reason=reason,
+            placements=with_processes(snap.job, assign_gpus(snap.job, members)),
+            stop=tuple(stop),
+            stop_at_once=broken and bool(members),
+            charged=reason.charged,
+            carry_over=carried(snap.job, members)
+            if snap.job.inplace and reason.may_be_inplace and previous_running and not broken
+            else (),
+        )
+    if not snap.job.round_open:
+        return replace(plan, stop=(), carry_over=())  # its ranks were stopped when it ended
+    return replace(plan, carry_from=snap.job.round_number) if plan.inplace else plan
 
 
 def recovery_in_place(

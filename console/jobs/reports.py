@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from console.cluster.models import Node
 from console.core.decision import decision
-from console.core.states import AllocationState, JobState
+from console.core.states import AllocationState, JobState, RoundPhase
 from console.core.transport import send_on_commit
 from console.jobs import inplace, progress
 from console.jobs.failures import failed, record_failure, settle_failure
@@ -28,7 +28,7 @@ from console.jobs.spec import round_spec
 from console.telemetry import events
 from console.telemetry.models import Severity
 from workers import protocol
-from workers.protocol import RankState, RoundState
+from workers.protocol import InplaceStatus, RankState, RoundState
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +176,11 @@ def _stop_if_stray(node: Node, job_id: int, number: int) -> None:
 
 def _carried_over(job: Job, number: int, node: Node) -> bool:
     """The job's current round is in place from round ``number`` and keeps ``node``."""
-    current = (
-        Round.objects.filter(job=job, number=job.round_number).values_list("carry_over", flat=True).first()
-    )
-    if not current:
+    current = Round.objects.filter(job=job, number=job.round_number, inplace=True).first()
+    if current is None:
         return False
     return (
-        int(current.get("from_round", -1)) == number
+        int(current.carry_over["from_round"]) == number
         and Allocation.objects.filter(round__job=job, round__number=job.round_number, node=node).exists()
     )
 
@@ -210,15 +208,18 @@ def _apply_status(
         if state.is_final:
             _repair_lost_end(job, alloc, state, status)
             return
+        rnd = alloc.round
         if inplace.record_status(job, alloc, status):
             return  # it did not form: a fallback round replaced it
-        if alloc.round.awaiting_settlement and status.get("inplace") == protocol.INPLACE_WAITING:
-            settle_failure(job, alloc.round)  # this host's ranks wait: its proof of life
+        if rnd.state == RoundPhase.SETTLING and inplace.inplace_status(status) is InplaceStatus.WAITING:
+            settle_failure(job, rnd)  # this host's ranks wait: its proof of life
             if job.round_number != number:
                 return  # the failure was settled: a new round replaced this one
         if state in (RoundState.RUNNING, RoundState.STARTING) and alloc.state == AllocationState.ASSIGNED:
             alloc.set_state(AllocationState.RUNNING)
             alloc.save(update_fields=["state"])
+        if state is RoundState.RUNNING and rnd.state == RoundPhase.STARTING:
+            rnd.save(update_fields=rnd.set_state(RoundPhase.RUNNING))
         changed = False
         if state is RoundState.RUNNING and job.state != JobState.RUNNING:
             job.set_state(JobState.RUNNING)

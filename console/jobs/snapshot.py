@@ -6,12 +6,19 @@ capacity is its slots and GPUs less what the live rounds of the other jobs hold.
 
 from __future__ import annotations
 
-from django.db.models import F, QuerySet
+from datetime import timedelta
+
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
 from console.core.states import AllocationState, JobState, NodeState
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import JobView, NodeView, Snapshot
+from console.jobs.planning import JobView, NodeView, Process, Snapshot
+
+# A listener's port is not handed out again on its node for this long after its round began
+# (or while its round lives): long enough for any socket of that round to be gone.
+PORT_REUSE_AFTER = timedelta(hours=1)
 
 
 def live_allocations() -> QuerySet[Allocation]:
@@ -42,8 +49,11 @@ def job_view(job: Job) -> JobView:
         gpus_per_proc=job.gpus_per_proc,
         priority=job.priority,
         members=tuple(n.pk for n in members(rnd)),
+        round_number=rnd.number if rnd is not None else 0,
+        round_open=rnd is not None and not rnd.ended,
         ps_count=job.role_count("ps") if job.is_parameter_server else 0,
         workers=job.role_count("worker") if job.is_parameter_server else 0,
+        hybrid=job.is_parameter_server and job.roles.get("ps", {}).get("mode") == "hybrid",
         inplace=job.inplace and not job.is_parameter_server,
     )
 
@@ -56,6 +66,7 @@ def node_views(exclude_job: Job | None = None) -> dict[int, NodeView]:
         gpus.setdefault(node_id, []).append(index)
     used_slots: dict[int, int] = {}
     used_gpus: dict[int, set[int]] = {}
+    ports = recent_ports()
     held = live_allocations().select_related("round__job")
     if exclude_job is not None:
         held = held.exclude(round__job=exclude_job)
@@ -71,9 +82,28 @@ def node_views(exclude_job: Job | None = None) -> dict[int, NodeView]:
             takes_work=n.state == NodeState.ONLINE,
             free_slots=n.slots - used_slots.get(n.pk, 0),
             free_gpus=tuple(g for g in gpus[n.pk] if g not in used_gpus.get(n.pk, set())),
+            address=n.address or n.hostname or "127.0.0.1",
+            recent_ports=frozenset(ports.get(n.pk, ())),
         )
         for n in nodes
     }
+
+
+def recent_ports() -> dict[int, set[int]]:
+    """Each node's ports that listeners held lately: rank 0's store of every round that began
+    within PORT_REUSE_AFTER or still lives, and the coordinator, PS and dense stores there."""
+    since = timezone.now() - PORT_REUSE_AFTER
+    lately = Allocation.objects.filter(Q(round__created_at__gte=since) | Q(pk__in=live_allocations()))
+    ports: dict[int, set[int]] = {}
+    for node_id, node_rank, master_port, processes in lately.values_list(
+        "node_id", "node_rank", "round__master_port", "processes"
+    ):
+        held = ports.setdefault(node_id, set())
+        if node_rank == 0:
+            held.add(master_port)
+        for row in processes:
+            held |= Process.of_row(row).ports()
+    return ports
 
 
 def snapshot(job: Job) -> Snapshot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +17,13 @@ def run_id(job: Job) -> str:
     return f"trainyard-job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
 
 
-def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
+def round_spec(
+    job: Job, rnd: Round, alloc: Allocation, members: Sequence[Allocation] | None = None
+) -> protocol.RoundSpec:
+    """What the host of ``alloc`` is sent for ``rnd``. ``members``: every allocation of the round,
+    with its node, when the caller has them (else they are read)."""
+    if members is None:
+        members = list(rnd.allocations.select_related("node"))
     bundle: protocol.BundleRef | None = None
     if job.bundle_id and job.bundle:
         base = settings.TRAINYARD_PUBLIC_URL.rstrip("/")
@@ -26,7 +33,7 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
         "round": rnd.number,
         "run_id": run_id(job),
         "node_rank": alloc.node_rank,
-        "nnodes": rnd.allocations.count(),
+        "nnodes": len(members),
         "nproc_per_node": job.nproc_per_node,
         "world_size": rnd.world_size,
         "master_addr": rnd.master_addr,
@@ -42,11 +49,11 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
         "precision": job.precision,
         "grad_accum_steps": job.grad_accum_steps,
         "gpu_indices": list(alloc.gpu_indices),
-        "restart_count": job.rounds.filter(number__lt=rnd.number).count(),
+        "restart_count": rnd.number - 1,  # rounds are numbered from 1, one after the other
         "max_restarts": job.max_restarts,
         "grace_period": job.grace_period,
     }
-    if rnd.carry_over:
+    if rnd.inplace:
         spec["carry_over"] = {
             "from_round": int(rnd.carry_over["from_round"]),
             "ranks": {str(old): int(new) for old, new in rnd.carry_over["ranks"].items()},
@@ -55,16 +62,16 @@ def round_spec(job: Job, rnd: Round, alloc: Allocation) -> protocol.RoundSpec:
         spec["recover_in_place"] = True
     if job.is_parameter_server and alloc.processes:
         spec["nproc_per_node"] = len(alloc.processes)
-        spec["ps"] = ps_round(job, rnd, alloc)
+        spec["ps"] = ps_round(job, members, alloc)
     return spec
 
 
-def ps_round(job: Job, rnd: Round, alloc: Allocation) -> protocol.PsRound:
+def ps_round(job: Job, members: Sequence[Allocation], alloc: Allocation) -> protocol.PsRound:
     """Where a parameter-server round's coordinator and PS listen, and this host's processes."""
     coordinator = ""
     addresses: dict[int, str] = {}
     workers = 0
-    for other in rnd.allocations.select_related("node"):
+    for other in members:
         host = other.node.address or other.node.hostname or "127.0.0.1"
         for process in other.processes:
             if process["role"] == "coordinator":

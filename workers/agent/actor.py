@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from workers.agent.decide import (
     Kill,
     KillInTeardown,
     Move,
+    NoteInplace,
+    Poke,
     Reap,
     ReportExit,
     SetDeadline,
@@ -84,6 +87,9 @@ class RoundActor:
         self._reaper = reaper
         self._pool = pool
         self._preparer = preparer
+        # Called when the controller should hear before the next heartbeat (the agent's
+        # Heartbeat.poke), for a Poke.
+        self.on_news: Callable[[], None] | None = None
 
     def launch(self, spec: RoundSpec) -> LocalRound:
         """A new round: its bundle fetched on the preparer's threads (the supervisor's ticks
@@ -119,6 +125,11 @@ class RoundActor:
                 self._spawn(local, action.bundle_dir)
             elif isinstance(action, FailLaunch):
                 self._fail_launch(local, action.message)
+            elif isinstance(action, NoteInplace):
+                local.inplace = action.report
+            elif isinstance(action, Poke):
+                if self.on_news is not None:
+                    self.on_news()
             elif isinstance(action, End):
                 return action
         return None
@@ -285,7 +296,7 @@ class RoundActor:
         self._reaper.forget(rank.pid)
         rank.handler.close_files()
         self._shipper.finish(local.job_id, local.number, rank.rank)
-        rank.state = action.state
+        rank.set_state(action.state)
 
     def _report_exit(self, local: LocalRound, action: ReportExit) -> None:
         exit_ = action.exit

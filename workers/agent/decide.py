@@ -8,7 +8,9 @@ launches; the round passed in is not changed.
   recovered in place: the other ranks then wait for the controller's next round; a rank that then
   ends with a failing status of its own, not by the stop, is reported too), SIGKILL a rank
   whose interpreter hangs in its teardown, SIGKILL every rank once the grace period is over, end
-  the round once no rank runs.
+  the round once no rank runs; keep what an in-place round's ranks say (`NoteInplace`) and, when
+  they start waiting for the next round after a peer's failure, tell the controller at once
+  (`Poke`: the heartbeat that says so is the host's proof of life for the failure's settlement).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from workers.agent.launcher import removed, survivable
-from workers.agent.lifecycle import LocalRound, LocalState, Rank
+from workers.agent.lifecycle import InplaceReport, LocalRound, LocalState, Rank
 from workers.agent.monitor import Observation, RankEnded
-from workers.protocol import RankExit, RankState
+from workers.protocol import InplaceStatus, RankExit, RankState
 
 
 class StopReason(StrEnum):
@@ -91,7 +93,31 @@ class End:
     outcome: LocalState
 
 
-Action = Move | SetDeadline | Kill | KillInTeardown | Reap | ReportExit | Spawn | FailLaunch | End
+@dataclass(frozen=True)
+class NoteInplace:
+    """LocalRound.inplace: what the round's ranks here said last (heartbeats report it)."""
+
+    report: InplaceReport
+
+
+@dataclass(frozen=True)
+class Poke:
+    """Heartbeat now rather than at the end of the interval."""
+
+
+Action = (
+    Move
+    | SetDeadline
+    | Kill
+    | KillInTeardown
+    | Reap
+    | ReportExit
+    | Spawn
+    | FailLaunch
+    | End
+    | NoteInplace
+    | Poke
+)
 
 OUTCOMES: dict[LocalState, LocalState] = {
     LocalState.RUNNING: LocalState.SUCCEEDED,
@@ -154,6 +180,17 @@ def decide_stop(
     return [Move(new), SetDeadline(min(local.stop_deadline, deadline))]
 
 
+def note_inplace(local: LocalRound, seen: InplaceReport | None) -> list[Action]:
+    """Keep a changed in-place word; a round recovered in place whose ranks here start waiting
+    (a peer failed) pokes the heartbeat."""
+    if seen is None or seen == local.inplace:
+        return []
+    before = local.inplace.status if local.inplace is not None else None
+    starts_waiting = seen.status is InplaceStatus.WAITING and before is not InplaceStatus.WAITING
+    poke: list[Action] = [Poke()] if starts_waiting and local.spec.get("recover_in_place") else []
+    return [NoteInplace(seen), *poke]
+
+
 def decide_tick(
     local: LocalRound, seen: Observation, now: float, grace: float, teardown_timeout: float
 ) -> list[Action]:
@@ -167,7 +204,7 @@ def decide_tick(
     # (A fetch that finished for a round told to stop meanwhile is dropped: nothing is spawned.)
     state, deadline = local.state, local.stop_deadline
     running = {rank.local_rank: rank for rank in local.ranks if rank.state == RankState.RUNNING}
-    actions: list[Action] = []
+    actions: list[Action] = note_inplace(local, seen.inplace)
     ended = [look for look in seen.ranks if look.ended is not None]
     for look in ended:
         del running[look.rank.local_rank]

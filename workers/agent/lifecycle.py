@@ -1,8 +1,8 @@
-"""A round on this host and its lifecycle: the `LocalState` enum, its transition table, and the
-records the supervisor keeps per rank, per round and per job.
+"""What this host does for each job, as state machines: a job's `JobSlot` (`SlotState`), the round
+it runs (`LocalRound`, `LocalState`) and that round's ranks (`Rank`, protocol.RankState).
 
-`LocalRound.set_state` is the only way a round's state moves. An illegal move is a bug in the
-supervisor's decisions; it is logged as an error and refused (the round keeps its state) rather
+Each moves only through its ``set_state``, which checks its table. An illegal move is a bug in the
+supervisor's decisions; it is logged as an error and refused (the record keeps its state) rather
 than raised, so that one wrong decision cannot kill the loop that watches every rank on the host.
 """
 
@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from workers.agent.launcher import RankFiles, RankHandler
-from workers.protocol import RankExit, RankState, RoundSpec, RoundState
+from workers.protocol import InplaceStatus, RankExit, RankState, RoundSpec, RoundState
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,11 @@ LOCAL_TRANSITIONS: dict[LocalState, frozenset[LocalState]] = {
 }
 
 
+def refused(what: str, current: StrEnum, new: StrEnum) -> bool:
+    logger.error("%s: illegal move %s -> %s refused", what, current, new)
+    return False
+
+
 @dataclass
 class Rank:
     local_rank: int
@@ -113,6 +118,26 @@ class Rank:
     def pid(self) -> int:
         return self.handler.proc.pid
 
+    def set_state(self, new: RankState) -> bool:
+        """Moves to ``new`` if protocol.RANK_TRANSITIONS allows it (the current state: a no-op);
+        an illegal move is logged and refused. Returns whether the rank is now in ``new``."""
+        if new is self.state:
+            return True
+        if not self.state.can_become(new):
+            return refused(f"rank {self.rank} (pid {self.pid})", self.state, new)
+        self.state = new
+        return True
+
+
+@dataclass(frozen=True)
+class InplaceReport:
+    """An in-place round's progress on this host, from its ranks' SDK state files
+    (monitor.inplace_state): what a heartbeat reports as RoundStatus.inplace."""
+
+    status: InplaceStatus
+    reason: str = ""
+    formed_at: float | None = None  # when the last local rank formed the round (FORMED)
+
 
 @dataclass
 class LocalRound:
@@ -122,6 +147,13 @@ class LocalRound:
     fetch: Future[Path | None] | None = None  # the bundle being fetched (a handle, not a state)
     stop_deadline: float = 0.0  # monotonic; SIGKILL once passed (STOPPING, FAILING)
     failures: list[RankExit] = field(default_factory=list)
+    inplace: InplaceReport | None = None  # in-place rounds: what the ranks here said last
+
+    @property
+    def reports_inplace(self) -> bool:
+        """Its ranks report how far they are in place (their SDK state files): carried over, or
+        recovered in place after a failure."""
+        return "carry_over" in self.spec or bool(self.spec.get("recover_in_place"))
 
     @property
     def job_id(self) -> int:
@@ -137,21 +169,91 @@ class LocalRound:
         if new is self.state:
             return True
         if new not in LOCAL_TRANSITIONS[self.state]:
-            logger.error(
-                "job %s round %s: illegal move %s -> %s refused", self.job_id, self.number, self.state, new
-            )
-            return False
+            return refused(f"job {self.job_id} round {self.number}", self.state, new)
         self.state = new
         return True
 
 
+class SlotState(StrEnum):
+    """What this host does for one job.
+
+    IDLE: no round of the job runs here (none yet, or the last one ended: ``last_ended``).
+    RUNNING: ``active`` is the job's round here; its `LocalState` says how far (starting, running,
+        or being stopped with nothing to follow it).
+    REPLACING: ``active`` is being stopped for a newer round, ``pending``, which is launched once
+        every rank of ``active`` has ended.
+    CLOSING: the agent shuts down: ``active`` is being stopped and nothing starts after it.
+    """
+
+    IDLE = "idle"
+    RUNNING = "running"
+    REPLACING = "replacing"
+    CLOSING = "closing"
+
+
+SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.IDLE: frozenset({SlotState.RUNNING}),
+    # An in-place round takes over ``active`` without leaving RUNNING.
+    SlotState.RUNNING: frozenset({SlotState.IDLE, SlotState.REPLACING, SlotState.CLOSING}),
+    # RUNNING again: the pending round was launched, or a stop command cancelled it.
+    SlotState.REPLACING: frozenset({SlotState.RUNNING, SlotState.CLOSING}),
+    SlotState.CLOSING: frozenset({SlotState.IDLE}),
+}
+
+
 @dataclass
 class JobSlot:
+    """One job on this host: its `SlotState`, the round it runs, the round waiting to start, and
+    its fencing (which rounds must never start here). Only its methods move it; each keeps
+    ``active`` set exactly when not IDLE and ``pending`` exactly when REPLACING."""
+
     newest: int = -1  # newest round any command named
     fenced_upto: int = -1  # rounds up to this one were stopped and must not start again
+    state: SlotState = SlotState.IDLE
     active: LocalRound | None = None  # starting, running or stopping
     pending: RoundSpec | None = None  # starts once `active` has fully stopped
     last_ended: LocalRound | None = None
+
+    def set_state(self, new: SlotState) -> bool:
+        """Moves to ``new`` if SLOT_TRANSITIONS allows it (the current state: a no-op); an illegal
+        move is logged and refused. Returns whether the slot is now in ``new``."""
+        if new is self.state:
+            return True
+        if new not in SLOT_TRANSITIONS[self.state]:
+            return refused(f"job slot (newest round {self.newest})", self.state, new)
+        self.state = new
+        return True
+
+    def run(self, local: LocalRound) -> None:
+        """``local`` is launched (IDLE, or REPLACING once the old round ended), or took over the
+        active round in place (RUNNING)."""
+        if self.set_state(SlotState.RUNNING):
+            self.active, self.pending = local, None
+
+    def replace(self, spec: RoundSpec) -> None:
+        """Start ``spec`` once the active round (being stopped) has ended."""
+        if self.set_state(SlotState.REPLACING):
+            self.pending = spec
+
+    def cancel(self, upto: int) -> None:
+        """A stop for rounds up to ``upto``: a pending round among them never starts."""
+        if self.pending is not None and self.pending["round"] <= upto and self.set_state(SlotState.RUNNING):
+            self.pending = None
+
+    def close(self) -> None:
+        """The agent shuts down: nothing starts after the active round (being stopped)."""
+        if self.active is not None and self.set_state(SlotState.CLOSING):
+            self.pending = None
+
+    def ended(self, local: LocalRound) -> RoundSpec | None:
+        """The active round ended; returns the pending round to launch, if there is one."""
+        self.last_ended = local
+        if self.state is SlotState.REPLACING:
+            self.active = None
+            return self.pending  # launched by the caller, then ``run``
+        if self.set_state(SlotState.IDLE):
+            self.active = None
+        return None
 
     def held_rounds(self) -> list[int]:
         """The rounds this host still holds for the job: active, last ended, pending, and those

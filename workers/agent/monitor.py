@@ -18,11 +18,10 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from workers import protocol
 from workers.agent.launcher import RankFiles
-from workers.agent.lifecycle import LocalRound, Rank
-from workers.protocol import RankExit, RankState
-from workers.sdk.elastic_control import FAILED, FORMED, LEFT, WAITING, read_state
+from workers.agent.lifecycle import InplaceReport, LocalRound, Rank
+from workers.protocol import InplaceStatus, RankExit, RankState
+from workers.sdk.elastic_control import read_state
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +64,7 @@ class Observation:
     fetching: bool = False  # its bundle is still being fetched (nothing else is looked at)
     fetched: Fetched | None = None  # the fetch finished since the last look
     ranks: tuple[RankSeen, ...] = ()  # the ranks that were running, in order
+    inplace: InplaceReport | None = None  # an in-place round's ranks' word (LocalRound.reports_inplace)
 
 
 def observe(local: LocalRound, look_at_teardowns: bool) -> Observation:
@@ -85,7 +85,8 @@ def observe(local: LocalRound, look_at_teardowns: bool) -> Observation:
             seen.append(RankSeen(rank, code_ended_ago=seconds_since_code_ended(rank.files)))
         else:
             seen.append(RankSeen(rank))
-    return Observation(fetched=fetched, ranks=tuple(seen))
+    inplace = inplace_state(local) if local.reports_inplace and local.ranks else None
+    return Observation(fetched=fetched, ranks=tuple(seen), inplace=inplace)
 
 
 def rank_ended(rank: Rank, returncode: int) -> RankEnded:
@@ -181,22 +182,19 @@ def seconds_since_code_ended(files: RankFiles) -> float | None:
         return None
 
 
-def inplace_state(local: LocalRound) -> tuple[str, str, float | None]:
-    """An in-place round's progress on this host, from its ranks' SDK state files: "formed" (and
-    when the last rank formed) once every local rank formed the round's group, "failed" (with the
-    reason) when one could not, "waiting" when one saw a peer fail mid-step and waits for the
-    next round, else "pending"."""
+def inplace_state(local: LocalRound) -> InplaceReport:
+    """An in-place round's progress on this host, from its ranks' SDK state files (each an
+    InplaceStatus): FORMED (and when the last rank formed) once every local rank formed the
+    round's group or left, FAILED (with the reason) when one could not, WAITING when one saw a
+    peer fail mid-step and waits for the next round, else FORMING."""
     states = [read_state(rank.files.control) for rank in local.ranks]
-    for state in states:
-        if state is not None and state.get("round") == local.number and state.get("state") == FAILED:
-            return protocol.INPLACE_FAILED, str(state.get("reason", "")), None
-    for state in states:
-        if state is not None and state.get("round") == local.number and state.get("state") == WAITING:
-            return protocol.INPLACE_WAITING, str(state.get("reason", "")), None
-    if states and all(
-        state is not None and state.get("round") == local.number and state.get("state") in (FORMED, LEFT)
-        for state in states
-    ):
-        times = [float(state.get("time", 0.0)) for state in states if state is not None]
-        return protocol.INPLACE_FORMED, "", max(times, default=None)
-    return protocol.INPLACE_PENDING, "", None
+    current = [state for state in states if state is not None and state.get("round") == local.number]
+    for worst in (InplaceStatus.FAILED, InplaceStatus.WAITING):
+        for state in current:
+            if state["state"] is worst:
+                return InplaceReport(worst, str(state.get("reason", "")))
+    done = (InplaceStatus.FORMED, InplaceStatus.LEFT)
+    if states and len(current) == len(states) and all(state["state"] in done for state in current):
+        times = [float(state.get("time", 0.0)) for state in current]
+        return InplaceReport(InplaceStatus.FORMED, formed_at=max(times, default=None))
+    return InplaceReport(InplaceStatus.FORMING)

@@ -5,13 +5,14 @@ down) to this loop and return, so the node queue is never blocked by a grace per
 the loop takes the commands, then, for every round, monitors (monitor.py: polls every rank;
 SUPERVISE_INTERVAL_SECONDS keeps an exit noticed well within a second), decides (decide.py: pure
 functions from the round and the observation to actions) and acts (here: signals, launches,
-messages to the controller). A round's state moves only through `LocalRound.set_state`
-(lifecycle.py: the `LocalState` enum and its transition table).
+messages to the controller). Each job is a `JobSlot` (lifecycle.py: `SlotState` IDLE, RUNNING,
+REPLACING, CLOSING, moved by its methods), whose round's state moves only through
+`LocalRound.set_state` (`LocalState`), and its ranks' through `Rank.set_state`.
 
 Per job the host runs at most one round. A newer round first stops the running one (SIGTERM to
-each rank where launcher.stop_signal_target says, the round's grace period, then SIGKILL) and
-starts once every rank of the old one has ended; an in-place round (RoundSpec.carry_over) instead
-keeps the old round's running ranks and starts only the others. Commands for a round older than
+each rank where launcher.stop_signal_target says, the round's grace period, then SIGKILL; the
+slot is REPLACING) and starts once every rank of the old one has ended; an in-place round
+(RoundSpec.carry_over) instead keeps the old round's running ranks and starts only the others. Commands for a round older than
 the newest seen for the job are ignored (fencing); the newest round per job is kept in
 ``<data-dir>/fencing.json`` so a command redelivered after an agent restart cannot bring an old
 round back.
@@ -30,7 +31,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers import protocol
 from workers.agent.actor import RoundActor
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
@@ -41,13 +41,13 @@ from workers.agent.decide import (
     decide_stop,
     decide_tick,
 )
-from workers.agent.lifecycle import JobSlot, LocalRound
-from workers.agent.monitor import inplace_state, observe
+from workers.agent.lifecycle import InplaceReport, JobSlot, LocalRound, SlotState
+from workers.agent.monitor import observe
 from workers.agent.reaper import ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
-from workers.protocol import RankStatus, RoundSpec, RoundStatus
+from workers.protocol import InplaceStatus, RankStatus, RoundSpec, RoundStatus
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +111,16 @@ class Supervisor(threading.Thread):
         self._pruning: Future[list[Path]] | None = None
         self._next_prune = 0.0  # monotonic
         self._next_teardown_check = 0.0  # monotonic
-        # Called when the controller should hear before the next heartbeat (the agent's
-        # Heartbeat.poke): a rank of a round recovered in place waits for the next round.
-        self.on_news: Callable[[], None] | None = None
-        self._waiting: set[tuple[int, int]] = set()  # rounds already told to be waiting
+
+    @property
+    def on_news(self) -> Callable[[], None] | None:
+        """Called when the controller should hear before the next heartbeat (the agent's
+        Heartbeat.poke): a rank of a round recovered in place waits for the next round."""
+        return self._actor.on_news
+
+    @on_news.setter
+    def on_news(self, callback: Callable[[], None] | None) -> None:
+        self._actor.on_news = callback
 
     # --- API for tasks and the agent ---------------------------------------------------------
     def submit(self, command: Command) -> None:
@@ -144,10 +150,11 @@ class Supervisor(threading.Thread):
                 )
                 if progress.total_steps is not None:
                     status["total_steps"] = progress.total_steps
-                if "carry_over" in local.spec or local.spec.get("recover_in_place"):
-                    status["inplace"], status["inplace_reason"], formed_at = inplace_state(local)
-                    if formed_at:
-                        status["inplace_formed_at"] = formed_at
+                if local.reports_inplace:
+                    said = local.inplace or InplaceReport(InplaceStatus.FORMING)
+                    status["inplace"], status["inplace_reason"] = said.status, said.reason
+                    if said.formed_at:
+                        status["inplace_formed_at"] = said.formed_at
                 statuses.append(status)
             return statuses
 
@@ -187,7 +194,7 @@ class Supervisor(threading.Thread):
                         self._prune()
                 except Exception:
                     logger.exception("supervision tick failed")
-                if self._shutting_down and all(slot.active is None for slot in self._jobs.values()):
+                if self._shutting_down and all(slot.state is SlotState.IDLE for slot in self._jobs.values()):
                     break
         self._preparer.shutdown(wait=False, cancel_futures=True)
 
@@ -200,9 +207,9 @@ class Supervisor(threading.Thread):
         elif isinstance(command, Sync):
             self._sync(command.rounds)
         elif isinstance(command, Shutdown):
-            self._shutting_down = True
+            self._shutting_down = True  # the agent's own life: no job's round starts again
             for slot in self._jobs.values():
-                slot.pending = None
+                slot.close()
                 if slot.active is not None:
                     self._stop_round(slot.active, grace_of(slot.active.spec))
 
@@ -225,27 +232,26 @@ class Supervisor(threading.Thread):
             return  # a repeated command (redelivery, sync) for the round already here
         slot.newest = number
         self._save_fencing()
-        if slot.active is not None and slot.pending is None and "carry_over" in spec:
+        if slot.state is SlotState.RUNNING and slot.active is not None and "carry_over" in spec:
             carried = self._actor.carry_over(slot.active, spec)  # in place: survivors keep running
             if carried is not None:
-                slot.active = carried
+                slot.run(carried)
                 return
         if slot.active is not None:
             logger.info(
                 "job %s: stopping round %s before round %s", spec["job_id"], slot.active.number, number
             )
             self._stop_round(slot.active, grace_of(slot.active.spec))
-            slot.pending = spec
+            slot.replace(spec)
             return
-        self._launch(slot, spec)
+        slot.run(self._actor.launch(spec))
 
     def _stop_job(self, job_id: int, number: int, grace: float) -> None:
         slot = self._slot(job_id)
         slot.newest = max(slot.newest, number)
         slot.fenced_upto = max(slot.fenced_upto, number)
         self._save_fencing()
-        if slot.pending is not None and slot.pending["round"] <= number:
-            slot.pending = None
+        slot.cancel(number)
         if slot.active is not None and slot.active.number <= number:
             self._stop_round(slot.active, grace)
 
@@ -253,7 +259,7 @@ class Supervisor(threading.Thread):
         wanted = {(spec["job_id"], spec["round"]) for spec in rounds}
         for job_id, slot in self._jobs.items():
             if slot.pending is not None and (job_id, slot.pending["round"]) not in wanted:
-                slot.pending = None
+                slot.cancel(slot.pending["round"])
             if slot.active is not None and (job_id, slot.active.number) not in wanted:
                 slot.fenced_upto = max(slot.fenced_upto, slot.active.number)
                 self._stop_round(slot.active, grace_of(slot.active.spec))
@@ -277,19 +283,6 @@ class Supervisor(threading.Thread):
                 local.fetch = None  # taken: decided on now, spawned or dropped
             actions = decide_tick(local, seen, now, grace_of(local.spec), self._config.teardown_timeout)
             self._act(slot, local, actions)
-            self._tell_if_waiting(local)
-
-    def _tell_if_waiting(self, local: LocalRound) -> None:
-        """A round recovered in place whose ranks here wait for the next round (a peer failed):
-        the heartbeat that says so is the host's proof of life for the failure's settlement, so it
-        goes now rather than at the next interval."""
-        key = (local.job_id, local.number)
-        if not local.spec.get("recover_in_place") or key in self._waiting or not local.ranks:
-            return
-        if inplace_state(local)[0] == protocol.INPLACE_WAITING:
-            self._waiting = {seen for seen in self._waiting if seen[0] != local.job_id} | {key}
-            if self.on_news is not None:
-                self.on_news()
 
     def _stop_round(self, local: LocalRound, grace: float) -> None:  # (threading.Thread has a _stop)
         self._act(None, local, decide_stop(local, StopReason.COMMAND, grace, time.monotonic()))
@@ -300,19 +293,14 @@ class Supervisor(threading.Thread):
             assert slot is not None, "a round ends only in a tick"
             self._round_ended(slot, local, end)
 
-    def _launch(self, slot: JobSlot, spec: RoundSpec) -> None:
-        slot.active = self._actor.launch(spec)
-
     def _round_ended(self, slot: JobSlot, local: LocalRound, end: End) -> None:
         if not self._actor.end(local, end):
             return
-        slot.active = None
         if slot.last_ended is not None:
             self._shipper.forget_round(slot.last_ended.job_id, slot.last_ended.number)
-        slot.last_ended = local
-        if slot.pending is not None and not self._shutting_down:
-            spec, slot.pending = slot.pending, None
-            self._launch(slot, spec)
+        pending = slot.ended(local)
+        if pending is not None:
+            slot.run(self._actor.launch(pending))
         self._prune()
 
     def _prune(self) -> None:

@@ -72,12 +72,13 @@ def show(job: JobId, json_flag: JsonOption = False, output: OutputOption = None)
             r.get("reason"),
             r.get("world_size"),
             " ".join(a["node"] for a in r.get("allocations", [])),
+            r.get("state"),
             r.get("outcome"),
         ]
         for r in detail.get("rounds", [])
     ]
     out.print()
-    out.print(table(rounds, ["ROUND", "REASON", "WORLD", "NODES", "OUTCOME"], title="Rounds"))
+    out.print(table(rounds, ["ROUND", "REASON", "WORLD", "NODES", "STATE", "OUTCOME"], title="Rounds"))
 
 
 def job_line(job: dict[str, Any]) -> str:

@@ -57,18 +57,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
-from workers.net import wait_listening
-from workers.sdk.elastic_control import (
-    ENV_CONTROL,
-    FAILED,
-    FORMED,
-    FORMING,
-    LEFT,
-    WAITING,
-    Control,
-    ControlFile,
-    ElasticError,
-)
+from workers.protocol import InplaceStatus
+from workers.sdk import elastic_store as round_store
+from workers.sdk.elastic_control import ENV_CONTROL, Control, ControlFile, ElasticError
 from workers.sdk.elastic_data import IndexedDataset, epoch_order, rank_slice
 from workers.sdk.elastic_recovery import StepGuard
 from workers.sdk.stop import install_stop_handler, stop_requested
@@ -77,10 +68,6 @@ DEFAULT_FORM_TIMEOUT = 20.0
 # A collective waits at most this long for a peer: how long a peer lost without a closed
 # connection (a node loss) takes to be noticed. Steps whose ranks drift further apart need more.
 DEFAULT_COLLECTIVE_TIMEOUT = 10.0
-
-
-STORE_POLL_SECONDS = 0.005
-"""How often a round's store clients look whether its rank 0 listens yet (see _open_store)."""
 
 
 def device_for(requested: torch.device | None, local_rank: int) -> torch.device:
@@ -181,7 +168,7 @@ class ElasticRun:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None and not isinstance(exc, ElasticError) and not self.left:
-            self._report(FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
+            self._report(InplaceStatus.FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
         self._ddp = None
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -271,7 +258,7 @@ class ElasticRun:
         if not all_ready:
             if time.monotonic() - self._waiting_since(target) > self.form_timeout:
                 reason = f"round {target}: not every rank was ready within {self.form_timeout:.0f} s"
-                self._report(FAILED, reason=reason, round_no=target)
+                self._report(InplaceStatus.FAILED, reason=reason, round_no=target)
                 raise ElasticError(reason)
             return True  # train on in the old round; the newcomers are still starting
         if stopping and local <= self.round:
@@ -305,7 +292,7 @@ class ElasticRun:
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        self._report(WAITING, reason=reason)
+        self._report(InplaceStatus.WAITING, reason=reason)
         control = self._read_control(wait_for_round=self.round + 1)
         self._next, self._next_store = None, None
         store = None
@@ -319,15 +306,11 @@ class ElasticRun:
     def _wait_for_joiners(self, control: Control) -> dist.TCPStore:
         """Survivors hold back until the round's newcomers checked in (they are still starting)."""
         try:
-            store = self._open_store(control)
-            deadline = time.monotonic() + self.form_timeout
-            while store.add(self._round_key(control, "joined"), 0) < control.joiners:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{control.joiners} newcomer(s) did not check in")
-                time.sleep(0.01)
+            store = round_store.open_store(control, self.form_timeout)
+            round_store.wait_for_joiners(store, control, self.form_timeout)
         except Exception as error:
             reason = f"round {control.round}: {type(error).__name__}: {error}"[:500]
-            self._report(FAILED, reason=reason, round_no=control.round)
+            self._report(InplaceStatus.FAILED, reason=reason, round_no=control.round)
             raise ElasticError(reason) from error
         return store
 
@@ -343,10 +326,10 @@ class ElasticRun:
         control = self._next
         if control.joiners > 0 and control.rank == 0 and control.world_size > 1:
             try:
-                self._next_store = self._open_store(control)
+                self._next_store = round_store.open_store(control, self.form_timeout)
             except Exception as error:  # the port is taken, the address is not ours
                 reason = f"round {control.round}: cannot open the store: {type(error).__name__}: {error}"
-                self._report(FAILED, reason=reason[:500], round_no=control.round)
+                self._report(InplaceStatus.FAILED, reason=reason[:500], round_no=control.round)
                 raise ElasticError(reason) from error
 
     def _ready(self, stopping: bool, local: int) -> bool:
@@ -358,30 +341,7 @@ class ElasticRun:
             return False
         if control.joiners == 0 or self._next_store is None:
             return True
-        arrived = self._next_store.add(self._round_key(control, "joined"), 0)
-        return arrived >= control.joiners
-
-    @staticmethod
-    def _round_key(control: Control, name: str) -> str:
-        return f"trainyard/{control.job_id}/{control.round}/{name}"
-
-    def _open_store(self, control: Control) -> dist.TCPStore:
-        """The round's store; rank 0 hosts it. A TCPStore client that finds its server not
-        listening yet retries with an exponential backoff (a server up 0.6 s after the client's
-        first try was reached 0.57 s later still), and at a round change the new rank 0 opens
-        the store at the same boundary the others connect: so the clients first wait for it."""
-        if control.rank != 0:
-            wait_listening(
-                control.master_addr, control.master_port, self.form_timeout, poll=STORE_POLL_SECONDS
-            )
-        return dist.TCPStore(
-            control.master_addr,
-            control.master_port,
-            control.world_size,
-            is_master=control.rank == 0,
-            timeout=datetime.timedelta(seconds=self.form_timeout),
-            wait_for_workers=False,
-        )
+        return round_store.joined(self._next_store, control) >= control.joiners
 
     # ---- control file --------------------------------------------------------------------
     def _peek_round(self) -> int:
@@ -394,10 +354,10 @@ class ElasticRun:
         try:
             return self._control_file.read(wait_for_round, self.form_timeout)
         except ElasticError as error:
-            self._report(FAILED, reason=str(error))
+            self._report(InplaceStatus.FAILED, reason=str(error))
             raise
 
-    def _report(self, state: str, reason: str = "", round_no: int | None = None) -> None:
+    def _report(self, state: InplaceStatus, reason: str = "", round_no: int | None = None) -> None:
         if self._control_file is None:
             return
         self._control_file.report(
@@ -411,7 +371,7 @@ class ElasticRun:
     # ---- re-forming --------------------------------------------------------------------
     def _form(self, control: Control, store: dist.TCPStore | None = None) -> None:
         started = time.monotonic()
-        self._report(FORMING, round_no=control.round)
+        self._report(InplaceStatus.FORMING, round_no=control.round)
         self._ddp = None
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -423,12 +383,11 @@ class ElasticRun:
         try:
             if control.world_size > 1:
                 if store is None:
-                    store = self._open_store(control)
+                    store = round_store.open_store(control, self.form_timeout)
                 if not self._has_state and control.joiners > 0:
-                    store.add(self._round_key(control, "joined"), 1)  # a joiner checks in
-                # Keys are per round so a store left over from the last round cannot mix in.
-                prefixed = dist.PrefixStore(f"trainyard/{control.job_id}/{control.round}", store)
-                self._gather(prefixed, control)
+                    round_store.check_in(store, control)
+                prefixed = dist.PrefixStore(round_store.round_prefix(control), store)
+                round_store.gather(prefixed, control, self.form_timeout)
                 dist.init_process_group(
                     backend_for(self.device),
                     store=prefixed,
@@ -443,12 +402,12 @@ class ElasticRun:
             raise
         except Exception as error:  # gloo/nccl/store errors have no common type
             reason = f"forming round {control.round} failed: {type(error).__name__}: {error}"[:500]
-            self._report(FAILED, reason=reason)
+            self._report(InplaceStatus.FAILED, reason=reason)
             raise ElasticError(reason) from error
         self._has_state = True
         self.reforms += 1
         self.last_form_seconds = time.monotonic() - started
-        self._report(FORMED)
+        self._report(InplaceStatus.FORMED)
 
     def _wrap_ddp(self) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -461,22 +420,12 @@ class ElasticRun:
                 None, lambda state, bucket: self._guard.allreduce(bucket, self.world_size)
             )
 
-    def _gather(self, store: dist.Store, control: Control) -> None:
-        """Waits (up to form_timeout) until every rank of the round reached its store, so that the
-        group itself, whose timeout is the short collective_timeout, forms without waiting."""
-        store.add("arrived", 1)
-        deadline = time.monotonic() + self.form_timeout
-        while store.add("arrived", 0) < control.world_size:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"round {control.round}: not every rank reached the store")
-            time.sleep(0.005)
-
     def _leave(self) -> None:
         self._ddp = None
         if dist.is_initialized():
             dist.destroy_process_group()
         self.left = True
-        self._report(LEFT)
+        self._report(InplaceStatus.LEFT)
 
     def _pick_device(self, control: Control) -> torch.device:
         device = device_for(self._device_arg, control.local_rank)

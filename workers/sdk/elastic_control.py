@@ -5,9 +5,9 @@ current round: ``job_id, round, rank, local_rank, world_size, master_addr, maste
 (``rank`` -1 = leave). The rank checks it at every step boundary (:meth:`ControlFile.peek`: a
 ``stat``, and a read only when its mtime changed).
 
-The SDK writes its state next to the control file (``<control>.state``, JSON: ``state`` =
-forming|formed|failed|left|waiting, ``round``, ``step``, ``pid``, ``reason``, ``form_seconds``,
-``time``) so the agent can report it (:func:`read_state`).
+The SDK writes its state next to the control file (``<control>.state``, JSON: ``state`` (a
+protocol.InplaceStatus: forming, formed, failed, left or waiting), ``round``, ``step``, ``pid``,
+``reason``, ``form_seconds``, ``time``) so the agent can report it (:func:`read_state`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from workers import protocol
+from workers.protocol import InplaceStatus
 
 ENV_CONTROL = protocol.ENV_CONTROL
 STATE_SUFFIX = ".state"
-
-FORMING = "forming"
-FORMED = "formed"
-FAILED = "failed"
-LEFT = "left"
-WAITING = "waiting"  # a peer died mid-step: the survivor waits for the next round
-STATES = (FORMING, FORMED, FAILED, LEFT, WAITING)
 
 
 class ElasticError(RuntimeError):
@@ -106,12 +100,16 @@ def state_path(control_path: Path) -> Path:
 
 
 def read_state(control_path: Path) -> dict[str, Any] | None:
-    """The SDK's last reported state for this rank, or None when there is none (yet)."""
+    """The SDK's last reported state for this rank (its ``state`` an InplaceStatus), or None when
+    there is none (yet)."""
     try:
         data = json.loads(state_path(control_path).read_text())
+        if not isinstance(data, dict):
+            return None
+        data["state"] = InplaceStatus(str(data.get("state")))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("state") in STATES else None
+    return data
 
 
 def round_seconds(value: float) -> float:
@@ -158,7 +156,9 @@ class ControlFile:
                 raise ElasticError(last_error)
             time.sleep(0.01)
 
-    def report(self, state: str, *, round_no: int, step: int, reason: str, form_seconds: float) -> None:
+    def report(
+        self, state: InplaceStatus, *, round_no: int, step: int, reason: str, form_seconds: float
+    ) -> None:
         """Writes the state file (best effort: a rank does not fail because it cannot report)."""
         data = {
             "state": state,

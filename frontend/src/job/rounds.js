@@ -6,7 +6,7 @@ import { setBadge, timeOf } from "../format.js";
 import { $ } from "./dom.js";
 
 // Fields of a round and an allocation, read in one place (their names may change with the API).
-const outcomeOf = (round) => round.outcome || "—";
+const outcomeOf = (round) => round.outcome || (round.state ? `open: ${round.state}` : "—");
 const allocationsOf = (round) => [...(round.allocations || [])].sort((a, b) => a.node_rank - b.node_rank);
 const processesOf = (alloc) => alloc.processes || [];
 
