@@ -17,7 +17,8 @@ from django.db.models import Sum
 from console.jobs.models import Job
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.models import LogLine, Metric, MetricRollup
-from console.telemetry.testing import RedisServer, batch, metric_records, xadd
+from tests.support.services import RedisServer
+from tests.support.telemetry import batch, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]

@@ -25,9 +25,9 @@ from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
 from tests.support.agents import AgentProcs
 from tests.support.controller import Controller, wait_for
-from tests.support.web import free_port
 from workers.agent.config import parse_config
 from workers.agent.credential import CREDENTIAL_FILE, CredentialError, enrol, resolve_credential
+from workers.net import free_port
 
 pytestmark = pytest.mark.cluster
 

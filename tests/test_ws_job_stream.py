@@ -20,7 +20,7 @@ from console.telemetry.events import emit
 from console.telemetry.ingest.broadcast import Broadcaster
 from console.telemetry.ingest.frames import FRAME_POINTS
 from console.telemetry.models import Event
-from console.telemetry.testing import batch, ingest_loop, metric_records, session_cookie, xadd
+from tests.support.telemetry import batch, ingest_loop, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]

@@ -69,10 +69,16 @@ def spawn(
     cwd: Path | str | None = None,
     env: dict[str, str] | None = None,
     log: Path | None = None,
+    die_with_parent: bool = False,
     **popen: Any,
 ) -> subprocess.Popen[Any]:
     """Starts ``argv`` in a session of its own (so its group can be signalled as a whole) and
-    registers it. Output goes to ``log`` (appended) unless ``stdout`` is given."""
+    registers it. Output goes to ``log`` (appended) unless ``stdout`` is given.
+
+    ``die_with_parent``: the child gets SIGKILL when the thread that started it ends, even when
+    this process is SIGKILLed (Linux's parent-death signal; start it from the main thread)."""
+    if die_with_parent:
+        popen.setdefault("preexec_fn", _die_with_parent)
     out = log.open("ab") if log is not None else None
     if out is not None:
         popen.setdefault("stdout", out)
@@ -85,6 +91,17 @@ def spawn(
         if out is not None:
             out.close()
     return adopt(process)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL when its parent dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def adopt(process: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
