@@ -99,14 +99,27 @@ class Bench:
         self.redis_server: RedisServer | None = None
         self.redis_url = ""
         self.database_url = ""
-        self._console: Console | None = None
+        self.databases: list[str] = []
+        self.consoles: dict[str, Console] = {}
 
     @property
     def console(self) -> Console:
         """The console's processes (created on first use, with the bench's environment)."""
-        if self._console is None:
-            self._console = Console(self.root, self.env(), warm_pool=self.warm_pool)
-        return self._console
+        return self.console_of("console", self.env())
+
+    def console_of(self, name: str, env: dict[str, str]) -> Console:
+        """Another console (a second database, say), its logs under ``<root>/<name>``, stopped
+        with the rest."""
+        if name not in self.consoles:
+            root = self.root if name == "console" else self.root / name
+            self.consoles[name] = Console(root, env, warm_pool=self.warm_pool)
+        return self.consoles[name]
+
+    def add_database(self, name: str) -> str:
+        """A fresh database ``name``, dropped on the way out; its URL."""
+        url = create_database(name)
+        self.databases.append(name)
+        return url
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of every process the bench starts."""
@@ -133,7 +146,7 @@ class Bench:
             self.redis_url = self.redis
             redis.Redis.from_url(self.redis_url).flushdb()
         if self.database:
-            self.database_url = create_database(self.database)
+            self.database_url = self.add_database(self.database)
         os.environ.update(
             {
                 "DJANGO_SETTINGS_MODULE": "console.settings",
@@ -159,8 +172,8 @@ class Bench:
 
     def close(self) -> None:
         """Stops what the bench started (agents first), drops its database; idempotent."""
-        if self._console is not None:
-            self._console.stop()
+        for console in reversed(self.consoles.values()):
+            console.stop()
         if self.redis_server is not None:
             self.redis_server.stop()
         elif self.redis_url:
@@ -168,8 +181,8 @@ class Bench:
 
             with contextlib.suppress(redis.RedisError):
                 redis.Redis.from_url(self.redis_url).flushdb()
-        if self.database:
-            drop_database(self.database)
+        while self.databases:
+            drop_database(self.databases.pop())
         if self.keep:
             print(f"logs kept in {self.root}", flush=True)
         else:

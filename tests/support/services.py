@@ -188,7 +188,7 @@ class Console:
         self.url = ""
         self.agents = AgentProcs(
             root,
-            env["REDIS_URL"],
+            env.get("REDIS_URL", ""),
             token=token,  # None: the agents take TRAINYARD_NODE_TOKEN from ``env``
             warm_pool=warm_pool,
             env=env,
