@@ -230,8 +230,8 @@ def print_table(header: Sequence[str], rows: Iterable[Sequence[Any]], widths: Se
     """A plain table: the first column left-aligned, the others right-aligned."""
 
     def line(cells: Sequence[Any]) -> str:
-        out = [f"{str(cells[0]):<{widths[0]}}"]
-        out += [f"{str(c):>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True)]
+        out = [f"{cells[0]!s:<{widths[0]}}"]
+        out += [f"{c!s:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True)]
         return " ".join(out).rstrip()
 
     print(line(header))
@@ -243,4 +243,6 @@ def print_json(figures: dict[str, Any], keys: Sequence[str] | None = None) -> No
     """The bench's last line: ``figures`` (only ``keys``, in that order, when given) as JSON, a
     NaN (a figure that measured nothing) as null."""
     chosen = {k: figures.get(k) for k in keys} if keys is not None else figures
-    print(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in chosen.items()}), flush=True)
+    print(
+        json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in chosen.items()}), flush=True
+    )

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.chaos.console import COMPONENTS, Console, JobRun, SupervisedConsole
+from bench.chaos.console import COMPONENTS, Console, JobRun
 from bench.chaos.infra import alive, marked_processes, wait_until
 from bench.chaos.measure import (
     ApiPoller,
@@ -37,6 +37,7 @@ from bench.chaos.measure import (
     stored_step_lines,
     wait_stable,
 )
+from bench.chaos.supervised import SupervisedConsole
 
 FAULTS = ("web", "controller", "ingest", "agent", "rank", "redis", "postgres")
 DESCRIPTIONS = {
