@@ -212,9 +212,14 @@ def _shielded() -> Iterator[None]:
         _cleaning -= 1
 
 
+_running_at_signal: int | None = None
+
+
 def _unwind(signum: int, frame: FrameType | None) -> None:
+    global _running_at_signal
     if _cleaning:
         return
+    _running_at_signal = len(running())
     raise KeyboardInterrupt(f"got {signal.Signals(signum).name}")
 
 
@@ -233,9 +238,12 @@ def stopped_on_exit(grace: float = DEFAULT_GRACE) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as exc:
-        left = len(running())
+        # (the bench's own clean-up may have stopped some while the interrupt unwound it)
+        seen = _running_at_signal if _running_at_signal is not None else len(running())
         stop_all(grace)
-        print(f"interrupted ({exc or 'Ctrl-C'}): stopped the {left} processes still running", file=sys.stderr)
+        print(
+            f"interrupted ({exc or 'Ctrl-C'}): the {seen} processes running then are stopped", file=sys.stderr
+        )
         raise SystemExit(130) from None
     finally:
         stop_all(grace)
