@@ -272,6 +272,11 @@ class Console:
                 time.sleep(0.5)
         raise RuntimeError(f"the API at {self.api_url} does not answer: {last}")
 
+    @property
+    def redis_url(self) -> str:
+        """The broker every process of the console uses (its telemetry stream too)."""
+        raise NotImplementedError
+
     # --- what faults act on ----------------------------------------------------------------------
     def pid_of(self, component: str) -> int | None:
         raise NotImplementedError
@@ -339,6 +344,10 @@ class ComposeConsole(Console):
         self.components: dict[str, subprocess.Popen[bytes]] = {}
         self.agent_names = ["chaos-a", "chaos-b", "chaos-c"]
         self.restarts = 0
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
 
     def argv(self, component: str) -> list[str]:
         if component == "web":

@@ -65,6 +65,10 @@ class SupervisedConsole(Console):
         if not self.wait_online(180):
             raise RuntimeError("the agents did not register")
 
+    @property
+    def redis_url(self) -> str:
+        return self.broker
+
     def embedded_broker(self) -> str:
         """The broker URL of the supervisor's Redis (from its command line), or REDIS_URL."""
         if "REDIS_URL" in self.env:
