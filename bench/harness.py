@@ -1,5 +1,5 @@
 """What every bench shares: its own database and Redis, Django, a console's processes, and its
-figures (medians with ranges, a table, one line of JSON).
+last line of JSON.
 
     from bench import harness
 
@@ -26,10 +26,9 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -171,7 +170,12 @@ class Bench:
         self.close()
 
     def close(self) -> None:
-        """Stops what the bench started (agents first), drops its database; idempotent."""
+        """Stops what the bench started (agents first), drops its database; idempotent. A second
+        Ctrl-C or SIGTERM does not cut it short."""
+        with procs.shielded():
+            self._close()
+
+    def _close(self) -> None:
         for console in reversed(self.consoles.values()):
             console.stop()
         if self.redis_server is not None:
@@ -203,40 +207,6 @@ def percentile(values: Sequence[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
-def measured(values: Iterable[float | None]) -> list[float]:
-    """The values that measured something (not None, not NaN)."""
-    return [v for v in values if v is not None and v == v]
-
-
-def median_range(values: Iterable[float | None], digits: int = 2) -> tuple[float | None, list[float] | None]:
-    """(median, [min, max]) rounded to ``digits``, over the values that measured something."""
-    done = measured(values)
-    if not done:
-        return None, None
-    return round(statistics.median(done), digits), [round(min(done), digits), round(max(done), digits)]
-
-
-def spread(values: Iterable[float | None], unit: str = "", digits: int = 2) -> str:
-    """``median [min-max]`` for a table cell; ``-`` when nothing was measured."""
-    middle, bounds = median_range(values, digits)
-    if middle is None or bounds is None:
-        return "-"
-    return f"{middle:,.{digits}f}{unit} [{bounds[0]:,.{digits}f}-{bounds[1]:,.{digits}f}]"
-
-
-def print_table(header: Sequence[str], rows: Iterable[Sequence[Any]], widths: Sequence[int]) -> None:
-    """A plain table: the first column left-aligned, the others right-aligned."""
-
-    def line(cells: Sequence[Any]) -> str:
-        out = [f"{cells[0]!s:<{widths[0]}}"]
-        out += [f"{c!s:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return " ".join(out).rstrip()
-
-    print(line(header))
-    for row in rows:
-        print(line(row))
 
 
 def print_json(figures: dict[str, Any], keys: Sequence[str] | None = None) -> None:

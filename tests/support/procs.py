@@ -148,7 +148,7 @@ def stop(
     """``sig`` to the process's group, up to ``grace`` seconds for it to exit, then SIGKILL to
     the group and to every descendant ever seen. Returns the exit code."""
     tracked = _registry.get(process.pid) or _Tracked(process, 0.0)
-    with _shielded():
+    with shielded():
         tracked.remember()
         if process.poll() is None and grace > 0:
             _signal(tracked, sig)
@@ -172,7 +172,7 @@ def stop(
 def stop_together(processes: list[subprocess.Popen[Any]], grace: float = DEFAULT_GRACE) -> None:
     """Like ``stop`` for each, but ``sig`` reaches them all at once and they share one grace
     period (three agents draining their ranks: one grace, not three)."""
-    with _shielded():
+    with shielded():
         for process in processes:
             tracked = _registry.get(process.pid) or _Tracked(process, 0.0)
             tracked.remember()
@@ -202,8 +202,9 @@ def stop_all(grace: float = DEFAULT_GRACE) -> None:
 
 
 @contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """While stopping processes, a further SIGTERM or Ctrl-C does not cut the stopping short."""
+def shielded() -> Iterator[None]:
+    """While stopping processes (or cleaning up after them), a further SIGTERM or Ctrl-C does not
+    cut the stopping short."""
     global _cleaning
     _cleaning += 1
     try:
