@@ -16,6 +16,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # The suite's agents and controllers use the shared node token (the single-machine opt-in,
     # console/cluster/tokens.py) unless a test enrols them; tests/test_node_credentials.py turns it off.
     from django.conf import settings
+    from django.test.signals import setting_changed
+
+    # Passwords hashed in this process take 1,000 PBKDF2 iterations, not 1,000,000 (the same
+    # algorithm: the console's processes verify them as they are; tests/support/hashers.py).
+    settings.PASSWORD_HASHERS = [
+        "tests.support.hashers.QuickPBKDF2PasswordHasher",
+        *[h for h in settings.PASSWORD_HASHERS if not h.endswith(".PBKDF2PasswordHasher")],
+    ]
+    setting_changed.send(None, setting="PASSWORD_HASHERS", value=settings.PASSWORD_HASHERS, enter=True)
 
     if not settings.NODE_TOKEN:
         settings.NODE_TOKEN = os.environ["TRAINYARD_NODE_TOKEN"] = secrets.token_urlsafe(32)

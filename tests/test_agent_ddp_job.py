@@ -10,13 +10,13 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
     read_progress,
     round_spec,
     start_all_registered,
     wait_until,
 )
 from workers import protocol
+from workers.net import free_port
 
 __all__ = ["agent_procs", "control_queue"]
 

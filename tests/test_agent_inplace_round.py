@@ -14,11 +14,11 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
     round_spec,
     start_all_registered,
 )
 from workers import protocol
+from workers.net import free_port
 from workers.protocol import RoundSpec
 
 __all__ = ["agent_procs", "control_queue"]

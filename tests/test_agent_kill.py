@@ -14,7 +14,6 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
     pid_alive,
     rank_pids,
     read_progress,
@@ -23,6 +22,7 @@ from tests.support.agents import (
     wait_until,
 )
 from workers import protocol
+from workers.net import free_port
 
 __all__ = ["agent_procs", "control_queue"]
 

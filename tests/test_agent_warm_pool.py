@@ -20,7 +20,6 @@ from tests.support.agents import (
     ControlQueue,
     agent_procs,
     control_queue,
-    free_port,
     pid_alive,
     rank_pids,
     round_spec,
@@ -31,6 +30,7 @@ from tests.support.agents import (
 from workers import protocol
 from workers.agent.runner import END_FILE_ENV
 from workers.agent.warm import AUTOGROUP_PATH, IMPORT_NICENESS
+from workers.net import free_port
 from workers.protocol import RoundSpec
 
 __all__ = ["agent_procs", "control_queue"]

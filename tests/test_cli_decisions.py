@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.web import free_port
 from workers.cli.app import load_spec
 from workers.cli.bundle import build_bundle
 from workers.cli.client import Console, check, follow_pages, sse_events
 from workers.cli.errors import CliError, Exit, exit_for_status
+from workers.net import free_port
 
 
 def write(root: Path, relative: str, text: str = "x") -> None:

@@ -16,7 +16,8 @@ from django.db import connection
 
 from console.jobs.models import Job
 from console.telemetry.models import Metric
-from console.telemetry.testing import RedisServer, batch, child_env, metric_records, xadd
+from tests.support.services import RedisServer
+from tests.support.telemetry import batch, child_env, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]

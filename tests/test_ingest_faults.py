@@ -3,6 +3,7 @@ stored exactly once (raw rows and tiles), nothing acked before its commit."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +16,11 @@ from django.db import connection
 from django.db.models import Sum
 
 from console.jobs.models import Job
+from console.telemetry.ingest import loop as loop_module
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.models import LogLine, Metric, MetricRollup
-from console.telemetry.testing import RedisServer, batch, metric_records, xadd
+from tests.support.services import RedisServer
+from tests.support.telemetry import batch, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -101,6 +104,11 @@ def pending(client: redis.Redis) -> int:
         return 0
 
 
+def paused(caplog: pytest.LogCaptureFixture) -> int:
+    """How often the loop paused on a failure (it logs each one, then retries)."""
+    return sum("ingest paused" in r.getMessage() for r in caplog.records)
+
+
 def stored(job: Job) -> int:
     return Metric.objects.filter(job=job, name="loss").count()
 
@@ -143,7 +151,7 @@ def client() -> Iterator[redis.Redis]:
 
 
 def test_a_write_postgresql_refuses_stays_pending_with_everything_behind_it(
-    client: redis.Redis, job: Job, running: Callable[[IngestLoop], Running]
+    client: redis.Redis, job: Job, running: Callable[[IngestLoop], Running], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a running ingest reading one entry at a time (so later entries queue behind a write)
     run = running(IngestLoop(client, "refused", read_count=1))
@@ -163,7 +171,11 @@ def test_a_write_postgresql_refuses_stays_pending_with_everything_behind_it(
     # When that line arrives, and more points after it
     xadd(client, batch(job.pk, [{"kind": "log", "seq": 1, "t": 1.0, "stream": "stdout", "text": "poison"}]))
     send_batches(client, job, 2 * STEPS_PER_BATCH, 2)
-    time.sleep(2.0)  # several tries, each refused
+    # (not a sleep: until the loop has tried again twice since, each try refused; it never reads
+    # past a pending entry it cannot store, so the entries behind it are not read either)
+    caplog.set_level(logging.WARNING, logger=loop_module.__name__)
+    refusals = paused(caplog)
+    wait_for(lambda: paused(caplog) >= refusals + 2, 30, "two more refused tries")
 
     # Then nothing of that entry or behind it is stored or acked, and the loop keeps going
     assert not Metric.objects.filter(job=job, step__gte=2 * STEPS_PER_BATCH).exists()

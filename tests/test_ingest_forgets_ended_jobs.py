@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 
 from console.jobs.models import Job
-from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)

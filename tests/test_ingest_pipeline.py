@@ -17,7 +17,7 @@ from console.telemetry.ingest.decoding import decode_entries
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.ingest.storage import MetricBatch, store_read
 from console.telemetry.models import Event, LogLine, Metric, MetricRollup
-from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,6 +20,7 @@ from tests.support.procs import alive
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "tests" / "scripts" / "bench_like.py"
+HARNESS_RUNNER = REPO / "tests" / "scripts" / "harness_like.py"
 FIXTURE_TEST = REPO / "tests" / "scripts" / "fixture_like.py"
 
 
@@ -96,6 +97,39 @@ def test_a_signalled_bench_leaves_no_process(signals: list[signal.Signals]) -> N
         kill_leftovers(survivors(started, timeout=0))
         if runner.poll() is None:
             runner.kill()
+
+
+def test_a_signalled_harness_bench_stops_its_console_and_drops_its_database() -> None:
+    # Given a bench on bench/harness.py: its database, a private Redis, Daphne, and an agent-like
+    # process whose rank runs in a session of its own
+    database = f"ty_harness_test_{os.getpid()}"
+    runner = start([sys.executable, str(HARNESS_RUNNER), database])
+    wait_ready(runner, "ready", timeout=120)
+    started = descendants(runner.pid)
+    try:
+        assert len(started) >= 4  # redis-server, daphne, the agent and its rank
+        assert database_exists(database)
+
+        # When it gets SIGTERM
+        runner.send_signal(signal.SIGTERM)
+
+        # Then it exits as after Ctrl-C, nothing it started survives it, its database is gone
+        assert runner.wait(timeout=90) == 130
+        assert survivors(started) == []
+        assert not database_exists(database)
+    finally:
+        kill_leftovers(survivors(started, timeout=0))
+        if runner.poll() is None:
+            runner.kill()
+
+
+def database_exists(name: str) -> bool:
+    import psycopg
+
+    from bench.harness import PG_ADMIN_URL
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        return admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
 
 
 def test_a_failed_bench_leaves_no_process() -> None:

@@ -11,9 +11,9 @@ import grpc
 import pytest
 import torch
 
+from workers.net import free_port
 from workers.ps import contract, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.contract import ContractError, Mode, PsEnv, Role
-from workers.ps.local import free_port
 from workers.ps.server import PsState, Servicer
 
 

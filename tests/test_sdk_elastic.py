@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 import time
 from collections import Counter
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from tests.support import procs
+from workers.net import free_port
 from workers.sdk.elastic import backend_for, device_for
 from workers.sdk.elastic_control import Control, ElasticError, read_state, write_control
 from workers.sdk.elastic_data import epoch_order, rank_slice
@@ -25,12 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # Long enough that the epoch outlasts both changes under load (the survivors train on while the
 # newcomer starts); the test then lets the rest run without sleeps.
 EXAMPLES = 4000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def control(round_no: int, rank: int, world: int, port: int, joiners: int = 0) -> Control:

@@ -9,8 +9,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from tests.support.agents import free_port
-from workers.net import wait_listening
+from workers.net import free_port, wait_listening
 
 
 def test_a_store_that_never_listens_is_a_timeout() -> None:

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from console.jobs.models import Job
 from console.telemetry.models import Event, Metric
-from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)

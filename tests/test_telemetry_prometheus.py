@@ -15,7 +15,7 @@ from console.api.models import ApiToken
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Job
 from console.telemetry.ingest.stats import STATS_KEY
-from console.telemetry.testing import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)

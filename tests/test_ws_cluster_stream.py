@@ -14,7 +14,7 @@ from console.asgi import application
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Job
 from console.telemetry.events import emit, job_changed, node_changed
-from console.telemetry.testing import session_cookie
+from tests.support.telemetry import session_cookie
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

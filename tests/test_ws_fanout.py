@@ -21,7 +21,7 @@ from console.jobs.models import Job
 from console.telemetry.fanout import BUSY_VIEWERS, FrameHub, busy_key, frame_channel, get_hub
 from console.telemetry.ingest.broadcast import Broadcaster
 from console.telemetry.ingest.loop import IngestLoop
-from console.telemetry.testing import batch, metric_records, session_cookie, xadd
+from tests.support.telemetry import batch, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -103,7 +103,12 @@ def test_every_viewer_gets_every_frame_in_order_from_one_subscription(
             # Every frame, in order, each ending with the newest step ingested before it.
             assert frames == list(range(1, FRAMES + 1))
             assert last_steps == [(k + 1) * STEPS_PER_FRAME - 1 for k in range(FRAMES)]
-            assert await comm.receive_nothing(0.3)
+
+        # and nothing after them (not a wait: a last frame published now is the next message of
+        # every viewer; one frame is delivered to all viewers in publication order)
+        stream.publish(channel, json.dumps({"type": "metrics", "frame": "barrier", "series": {}}))
+        for comm in comms:
+            assert json.loads(await comm.receive_from(10))["frame"] == "barrier"
 
         for comm in comms[:-1]:
             await comm.disconnect()
@@ -209,7 +214,16 @@ def test_many_viewers_flag_the_job_busy_and_ingest_then_sends_fewer_frames(
                 return None
 
             viewers = [await hub.join(job.pk, send) for _ in range(BUSY_VIEWERS - 1)]
-            await asyncio.sleep(0.3)
+            # (not a sleep: the feed checks its viewers before each read; two frames delivered
+            # means it checked at least once with all of them there)
+            feed = hub.feeds[job.pk]
+            channel = frame_channel(job.pk, int(stream.connection_pool.connection_kwargs.get("db") or 0))
+            for frame in (1, 2):
+                stream.publish(channel, json.dumps({"type": "metrics", "frame": frame}))
+                deadline = time.monotonic() + 10
+                while feed.frames < frame and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert feed.frames == frame
             assert not stream.exists(key)
             viewers.append(await hub.join(job.pk, send))
             deadline = time.monotonic() + 5

@@ -21,7 +21,7 @@ from console.asgi import application
 from console.core.models import AuditEntry
 from console.jobs.models import Job
 from console.telemetry.events import emit
-from console.telemetry.testing import session_cookie
+from tests.support.telemetry import session_cookie
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

@@ -1,4 +1,5 @@
-"""Small network helpers shared by the SDK and the PS launcher."""
+"""Small network helpers shared by the SDK, the PS launcher, the tests and the benches: the one
+``free_port`` and the one ``wait_listening``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import socket
 import subprocess
 import time
 from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the kernel's pick). Someone else may take it before
+    it is bound again: fine for tests, benches and processes started on this host at once."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_listening(

@@ -26,8 +26,6 @@ import argparse
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,9 +38,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench import harness  # noqa: E402
+from bench.harness import database_url  # noqa: E402
+
 BENCH_DB = "trainyard_api_bench"
 SMALL_DB = "trainyard_api_bench_small"
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The same requests against a console holding this many jobs: the baseline of the ratio.
 SMALL_JOBS = 1000
 STATES = ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "STARTING", "RESIZING", "RESTARTING"]
@@ -51,49 +51,6 @@ OWNERS = ["ana", "bo", "cy", "dee", "eli"]
 PREFIXES = [f"{word}-{size}" for word in ("bert", "gpt", "dlrm", "mlp", "vit") for size in range(8)]
 BATCH = 5000
 LIMIT_MS = 50.0
-
-children: list[subprocess.Popen[bytes]] = []
-
-
-def stop_children(*_: Any) -> None:
-    for child in children:
-        if child.poll() is None:
-            try:
-                os.killpg(child.pid, signal.SIGTERM)
-                child.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(child.pid, signal.SIGKILL)
-    children.clear()
-
-
-def interrupted(signum: int, _: Any) -> None:
-    stop_children()
-    raise SystemExit(128 + signum)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def database_url(name: str) -> str:
-    return f"postgres://postgres@127.0.0.1:5432/{name}"
-
-
-def fresh_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {name}")
-
-
-def drop_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def setup_django(home: Path, name: str) -> None:
@@ -232,11 +189,12 @@ def seed_child(args: argparse.Namespace) -> None:
     print("SEEDED " + json.dumps(seeded), flush=True)
 
 
-def serve(name: str, jobs: int, args: argparse.Namespace, home: Path) -> tuple[str, dict[str, Any]]:
+def serve(bench: harness.Bench, name: str, jobs: int, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """A fresh database of ``jobs`` jobs and Daphne serving it; returns its URL and seed data."""
     import requests
 
-    fresh_database(name)
+    bench.add_database(name)
+    home = bench.root / name
     print(f"database {name}: migrating and seeding {jobs} jobs", flush=True)
     seeding = subprocess.run(
         [
@@ -258,39 +216,19 @@ def serve(name: str, jobs: int, args: argparse.Namespace, home: Path) -> tuple[s
     if seeding.returncode != 0 or not lines:
         raise SystemExit(f"seeding {name} failed:\n{seeding.stdout[-2000:]}\n{seeding.stderr[-3000:]}")
     seeded: dict[str, Any] = json.loads(lines[0][len("SEEDED ") :])
-    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url(name),
         "TRAINYARD_HOME": str(home),
         "LOG_LEVEL": "WARNING",
     }
-    log = (home / f"daphne-{name}.log").open("wb")
-    daphne = str(Path(sys.executable).parent / "daphne")
-    children.append(
-        subprocess.Popen(
-            [daphne, "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    base = bench.console_of(name, env).start_web()
+    probe = requests.get(
+        f"{base}/api/v1/nodes/", headers={"Authorization": f"Bearer {seeded['token']}"}, timeout=30
     )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            probe = requests.get(
-                f"{base}/api/v1/nodes/", headers={"Authorization": f"Bearer {seeded['token']}"}, timeout=5
-            )
-            if probe.status_code == 200:
-                return base, seeded
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("daphne did not start: " + (home / f"daphne-{name}.log").read_text()[-2000:])
-        time.sleep(0.3)
+    if probe.status_code != 200:
+        raise SystemExit(f"the console on {name} answers {probe.status_code}: {probe.text[:500]}")
+    return base, seeded
 
 
 def measure_list(base: str, seeded: dict[str, Any], args: argparse.Namespace, label: str) -> dict[str, Any]:
@@ -354,9 +292,15 @@ def measure_tokens(base: str, seeded: dict[str, Any], args: argparse.Namespace) 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Both consoles run side by side and each repetition measures one then the other, so the
     ratio compares them under the same load of this shared machine."""
-    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-api-"))
-    big, big_seed = serve(BENCH_DB, args.jobs, args, home)
-    small, small_seed = serve(SMALL_DB, SMALL_JOBS, args, home)
+    with harness.Bench("api", redis=None, django=False) as bench:
+        big, big_seed = serve(bench, BENCH_DB, args.jobs, args)
+        small, small_seed = serve(bench, SMALL_DB, SMALL_JOBS, args)
+        return measure_both(args, big, big_seed, small, small_seed)
+
+
+def measure_both(
+    args: argparse.Namespace, big: str, big_seed: dict[str, Any], small: str, small_seed: dict[str, Any]
+) -> dict[str, Any]:
     one_rep = argparse.Namespace(**{**vars(args), "reps": 1})
     result: dict[str, Any] = {"per_scenario": {}, "list": [], "small": {"list": []}}
     for rep in range(args.reps):
@@ -367,7 +311,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         result["list"] += measured["list"]
         result["small"]["list"] += baseline["list"]
     result.update(measure_tokens(big, big_seed, args))
-    stop_children()
     return result
 
 
@@ -388,14 +331,7 @@ def main() -> None:
     if args.seed_into:
         seed_child(args)
         return
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
-        result = run_bench(args)
-    finally:
-        stop_children()
-        drop_database(BENCH_DB)
-        drop_database(SMALL_DB)
+    result = harness.run(run_bench, args)  # SIGINT, SIGTERM: every process stopped, databases dropped
 
     print(f"\n/api/v1/jobs/ over {args.jobs} jobs: p95 per scenario, ms, median (range) of {args.reps} reps")
     print(f"{'scenario':<22} {'p95 ms':>7}")
@@ -425,7 +361,7 @@ def main() -> None:
         "jobs": args.jobs,
         "reps": args.reps,
     }
-    print(json.dumps(figures))
+    harness.print_json(figures)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
   an append-only file, as in docker-compose.yml). A component SIGKILLed by a fault goes down
   with everything it started (a container's processes die with it) and is started again at once
   (``restart: unless-stopped``).
-- ``SupervisedConsole``: ``manage.py up`` (what ``bin/run`` starts) with its embedded Redis and
+- ``SupervisedConsole`` (bench/chaos/supervised.py): ``manage.py up`` (what ``bin/run`` starts) with its embedded Redis and
   local agent, plus two more agents started beside it; the database is the run's own cluster
   (``DATABASE_URL``), so it can be restarted. A fault SIGKILLs only the supervisor's child, and
   bringing it back is the supervisor's business. When the supervisor gives up (it stops
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -29,29 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import requests
 
-from bench.chaos.infra import (
-    MARK,
-    PostgresCluster,
-    RedisServer,
-    free_port,
-    kill_tree,
-    port_open,
-    signal_pid,
-    spawn,
-    stop_popen,
-    stop_popens,
-    wait_until,
-)
+from bench.chaos.infra import MARK, PostgresCluster, kill_tree, port_open, wait_until
 from bench.chaos.measure import read_jsonl
+from tests.support import procs
+from tests.support.agents import agent_argv
+from tests.support.controller import controller_argv
+from tests.support.services import RedisServer, ingest_argv, web_argv
+from workers.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "plain_ddp.py"
 PYTHON = sys.executable
-VENV_BIN = Path(sys.executable).parent
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_MISSES = 5  # a busy 2-core machine must not make a live agent look lost
 WARM_POOL = 2  # per agent; the product default (4) costs three agents' worth of imports at boot
@@ -204,25 +194,26 @@ class Console:
         self.token = self.manage("shell", "-c", TOKEN_CODE).strip().splitlines()[-1]
 
     def agent_argv(self, name: str, broker: str, checkpoint_root: Path) -> list[str]:
-        return [
-            PYTHON,
-            "-m",
-            "workers.agent",
-            "--name",
+        return agent_argv(
             name,
-            "--broker",
             broker,
-            "--data-dir",
-            str(self.root / "agents" / name),
-            "--checkpoint-root",
-            str(checkpoint_root),
-            "--heartbeat",
-            str(HEARTBEAT_SECONDS),
-            "--warm-pool",
-            str(WARM_POOL),
-            "--address",
-            "127.0.0.1",
-        ]
+            data_dir=self.root / "agents" / name,
+            checkpoint_root=checkpoint_root,
+            heartbeat=HEARTBEAT_SECONDS,
+            warm_pool=WARM_POOL,
+        )
+
+    def spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        """A component in its own session (signals to the bench's terminal do not reach it; the
+        bench stops it) that dies with the bench, its output in ``logs/<log>``."""
+        return procs.spawn(
+            argv,
+            cwd=REPO,
+            env=self.env,
+            log=self.root / "logs" / log,
+            stdin=subprocess.DEVNULL,
+            die_with_parent=True,
+        )
 
     def start_agent(self, name: str) -> None:
         raise NotImplementedError
@@ -280,6 +271,11 @@ class Console:
                 last = exc
                 time.sleep(0.5)
         raise RuntimeError(f"the API at {self.api_url} does not answer: {last}")
+
+    @property
+    def redis_url(self) -> str:
+        """The broker every process of the console uses (its telemetry stream too)."""
+        raise NotImplementedError
 
     # --- what faults act on ----------------------------------------------------------------------
     def pid_of(self, component: str) -> int | None:
@@ -342,48 +338,29 @@ class ComposeConsole(Console):
 
     def __init__(self, root: Path, run_id: str) -> None:
         super().__init__(root, run_id)
-        self.redis = RedisServer(root, self.env)
+        # An append-only file synced every second, as docker-compose.yml runs Redis.
+        self.redis = RedisServer(root / "redis", appendfsync="everysec", env=self.env, die_with_parent=True)
         self.env["REDIS_URL"] = self.redis.url
         self.components: dict[str, subprocess.Popen[bytes]] = {}
         self.agent_names = ["chaos-a", "chaos-b", "chaos-c"]
         self.restarts = 0
 
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
+
     def argv(self, component: str) -> list[str]:
         if component == "web":
-            return [
-                str(VENV_BIN / "daphne"),
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(self.web_port),
-                "console.asgi:application",
-            ]
+            return web_argv(self.web_port)
         if component == "controller":
-            return [
-                str(VENV_BIN / "celery"),
-                "-A",
-                "console",
-                "worker",
-                "-Q",
-                "control",
-                "-B",
-                "--pool",
-                "threads",
-                "-c",
-                "4",
-                "-n",
-                "controller@%h",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(self.home / "celerybeat-schedule"),
-            ]
+            return controller_argv(self.home, "controller", self.home / "celerybeat-schedule")
         if component == "ingest":
-            return [PYTHON, "manage.py", "ingest"]
+            return ingest_argv()
         return self.agent_argv(component, self.redis.url, self.root / "checkpoints")
 
     def start_component(self, name: str) -> None:
-        popen = spawn(self.argv(name), self.env, self.root / "logs" / f"{name}.log", cwd=REPO)
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        popen = self.spawn(self.argv(name), f"{name}.log")
         if name in self.agent_names:
             self.agents[name] = popen
         else:
@@ -417,7 +394,7 @@ class ComposeConsole(Console):
         if popen is None:
             return []
         killed = kill_tree(popen.pid)
-        popen.wait(10)
+        procs.kill(popen)  # reaped, and forgotten
         self.restarts += 1
         self.start_component(component)  # restart: unless-stopped
         return killed
@@ -446,158 +423,7 @@ class ComposeConsole(Console):
         return restarted
 
     def close(self) -> None:
-        stop_popens(list(self.agents.values()), AGENT_STOP_GRACE)
-        stop_popens(list(self.components.values()), 10)
+        procs.stop_together(list(self.agents.values()), AGENT_STOP_GRACE)
+        procs.stop_together(list(self.components.values()), 10)
         self.redis.stop()
-        self.pg.stop("fast")
-
-
-class SupervisedConsole(Console):
-    """Set-up (b): ``manage.py up`` (bin/run's supervisor) and two more agents beside it."""
-
-    kind = "supervised"
-    LOCAL_AGENT = "local"
-
-    def __init__(self, root: Path, run_id: str) -> None:
-        super().__init__(root, run_id)
-        # Named so that placement (by node name) puts the supervisor's own agent last: it is the
-        # non-rank-0 agent the agent fault kills, and the supervisor has to bring it back.
-        self.extra_names = ["a-extra", "b-extra"]
-        self.agent_names = [*self.extra_names, self.LOCAL_AGENT]
-        self.supervisor: subprocess.Popen[bytes] | None = None
-        self.supervisor_starts = 0
-        self.broker = ""
-
-    def start(self) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.start_database()
-        self.start_supervisor()
-        self.issue_token()
-
-    def start_supervisor(self) -> None:
-        self.supervisor_starts += 1
-        self.supervisor = spawn(
-            [PYTHON, "manage.py", "up", "--port", str(self.web_port)],
-            self.env,
-            self.root / "logs" / f"supervisor-{self.supervisor_starts}.log",
-            cwd=REPO,
-        )
-        if not wait_until(lambda: port_open(self.web_port) or self.supervisor_exited(), 120):
-            raise RuntimeError("manage.py up did not bring the web server up")
-        if self.supervisor_exited():
-            raise RuntimeError("manage.py up exited during start-up; see logs/supervisor-*.log")
-        broker = self.embedded_broker()
-        if broker != self.broker:
-            # A new Redis port (today's supervisor picks a free one each start): agents started
-            # against the old one can never reconnect, so they are started again.
-            stop_popens(list(self.agents.values()), AGENT_STOP_GRACE)
-            self.agents.clear()
-            self.broker = broker
-        for name in self.extra_names:
-            if self.pid_of(name) is None:
-                self.start_agent(name)
-        if not self.wait_online(180):
-            raise RuntimeError("the agents did not register")
-
-    def embedded_broker(self) -> str:
-        """The broker URL of the supervisor's Redis (from its command line), or REDIS_URL."""
-        if "REDIS_URL" in self.env:
-            return self.env["REDIS_URL"]
-        found = wait_until(lambda: self.child("redis-server") is not None, 30)
-        proc = self.child("redis-server") if found else None
-        if proc is None:
-            raise RuntimeError("the supervisor started no Redis")
-        # redis-server retitles itself "redis-server 127.0.0.1:PORT"; its listening socket says it too.
-        ports = sorted({c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == "LISTEN"})
-        if not ports:
-            raise RuntimeError("the supervisor's Redis listens on no port")
-        return f"redis://127.0.0.1:{ports[0]}/0"
-
-    def start_agent(self, name: str) -> None:
-        popen = spawn(
-            self.agent_argv(name, self.broker, self.home / "checkpoints"),
-            self.env,
-            self.root / "logs" / f"{name}.log",
-            cwd=REPO,
-        )
-        self.agents[name] = popen
-
-    def supervisor_exited(self) -> bool:
-        return self.supervisor is None or self.supervisor.poll() is not None
-
-    def child(self, needle: str) -> psutil.Process | None:
-        """The supervisor's child whose command line contains ``needle``."""
-        if self.supervisor_exited():
-            return None
-        assert self.supervisor is not None
-        try:
-            children = psutil.Process(self.supervisor.pid).children()
-        except psutil.Error:
-            return None
-        for proc in children:
-            with contextlib.suppress(psutil.Error):
-                if needle in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                    return proc
-        return None
-
-    NEEDLES = {
-        "web": "daphne",
-        "controller": "-Q control",
-        "ingest": "manage.py ingest",
-        "redis": "redis-server",
-        LOCAL_AGENT: "--name local",
-    }
-
-    def pid_of(self, component: str) -> int | None:
-        if component in self.extra_names:
-            popen = self.agents.get(component)
-            return popen.pid if popen is not None and popen.poll() is None else None
-        proc = self.child(self.NEEDLES[component])
-        return proc.pid if proc is not None else None
-
-    def components_to_watch(self) -> list[str]:
-        return [*COMPONENTS, "redis", *self.agent_names]
-
-    def kill(self, component: str) -> list[int]:
-        pid = self.pid_of(component)
-        if pid is None:
-            return []
-        signal_pid(pid, signal.SIGKILL)
-        return [pid]
-
-    def restart_redis(self, outage: float) -> str:
-        """SIGTERM to the embedded Redis: it saves and exits; restarting it is the supervisor's
-        job. ``outage`` is not used: the supervisor decides when it comes back."""
-        pid = self.pid_of("redis")
-        if pid is not None:
-            signal_pid(pid, signal.SIGTERM)
-        return f"SIGTERM to the supervisor's Redis (pid {pid}); restarting it is the supervisor's job"
-
-    def problem(self) -> str:
-        if self.supervisor_exited():
-            assert self.supervisor is not None
-            return f"manage.py up exited (code {self.supervisor.returncode}) and stopped every process"
-        return ""
-
-    def ensure_running(self) -> list[str]:
-        if not self.supervisor_exited():
-            return []
-        self.start_supervisor()
-        return ["manage.py up"]
-
-    def owners(self) -> set[int]:
-        owners = super().owners()
-        if self.supervisor is not None and not self.supervisor_exited():
-            owners.add(self.supervisor.pid)
-        return owners
-
-    def close(self) -> None:
-        stop_popens(list(self.agents.values()), AGENT_STOP_GRACE)
-        if self.supervisor is not None:
-            # SIGTERM to the supervisor alone: it stops its children itself (agent first).
-            if self.supervisor.poll() is None:
-                self.supervisor.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.supervisor.wait(60)
-            stop_popen(self.supervisor, 1)
         self.pg.stop("fast")

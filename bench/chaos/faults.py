@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.chaos.console import COMPONENTS, Console, JobRun, SupervisedConsole
+from bench.chaos.console import COMPONENTS, Console, JobRun
 from bench.chaos.infra import alive, marked_processes, wait_until
 from bench.chaos.measure import (
     ApiPoller,
@@ -35,8 +35,10 @@ from bench.chaos.measure import (
     orphans,
     stored_metric_points,
     stored_step_lines,
+    telemetry_drained,
     wait_stable,
 )
+from bench.chaos.supervised import SupervisedConsole
 
 FAULTS = ("web", "controller", "ingest", "agent", "rank", "redis", "postgres")
 DESCRIPTIONS = {
@@ -309,6 +311,9 @@ def measure(console: Console, run: JobRun, result: CaseResult) -> None:
             return sum(stored_metric_points(conn, run.job_id).values())
 
     wait_stable(stored_points, len(expected))
+    # A point stored twice would come from an entry ingest has yet to read or ack: the counts are
+    # read once it has none left (not after a quiet spell).
+    wait_until(lambda: telemetry_drained(console.redis_url), 30, 0.2)
     with console.db() as conn:
         result.points = compare_points(expected, stored_metric_points(conn, run.job_id))
         result.lines = compare_points(expected, stored_step_lines(conn, run.job_id))

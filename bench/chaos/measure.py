@@ -275,6 +275,30 @@ class ApiPoller(threading.Thread):
         self.session.close()
 
 
+def telemetry_drained(redis_url: str) -> bool:
+    """Ingest has read every entry of the telemetry stream and acked each (nothing pending): all
+    it will store of what the agents shipped is stored, a point stored twice included."""
+    import redis
+
+    from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        added = int(client.xinfo_stream(TELEMETRY_STREAM)["entries-added"])
+        groups = [
+            g
+            for g in client.xinfo_groups(TELEMETRY_STREAM)
+            if g["name"] in (TELEMETRY_GROUP, TELEMETRY_GROUP.encode())
+        ]
+        return bool(groups) and all(
+            int(g["entries-read"] or 0) >= added and not int(g["pending"]) for g in groups
+        )
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def wait_stable(count: Any, target: int, quiet: float = 3.0, timeout: float = 30.0) -> int:
     """Until ``count()`` reaches ``target`` or stops changing for ``quiet`` seconds (ingest has
     drained what it will store); returns the last count."""

@@ -47,9 +47,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.chaos.console import ComposeConsole, Console, SupervisedConsole  # noqa: E402
+from bench.chaos.console import ComposeConsole, Console  # noqa: E402
 from bench.chaos.faults import DESCRIPTIONS, FAULTS, CaseResult, Timing, run_case, run_rank_kills  # noqa: E402
 from bench.chaos.infra import sweep  # noqa: E402
+from bench.chaos.supervised import SupervisedConsole  # noqa: E402
 
 SETUPS: dict[str, type[Console]] = {"compose": ComposeConsole, "supervised": SupervisedConsole}
 """In the order they run. Single faults come first in both; the compose set-up's rank-kill series

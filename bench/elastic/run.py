@@ -45,16 +45,10 @@ The dynamo import is gone since: the warm pool preloads it (workers/agent/warm.p
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,546 +56,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.support import procs  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.elastic.common import HEARTBEAT, TORCHRUN_WAIT  # noqa: E402
+from bench.elastic.torchrun import torchrun_node_kill, torchrun_rank_kill, torchrun_scale_up  # noqa: E402
+from bench.elastic.trainyard import Trainyard  # noqa: E402
 
 BENCH_DB = os.environ.get("BENCH_DB", "trainyard_bench_elastic")
 BENCH_REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
-HEARTBEAT = 2.0
-STEP_SLEEP = 0.05
-TRAINED_STEPS = 25
-"""Each case acts once the job has trained this many steps at its world size (about 2 s), on
-Trainyard and torchrun alike: a failure or resize comes while a job trains, not in its first
-second."""
-TORCHRUN_WAIT = 15.0
-"""How long a torchrun case may take before it counts as "never"."""
-DDP_SCRIPT = REPO / "tests" / "scripts" / "plain_ddp.py"
-SDK_SCRIPT = REPO / "tests" / "scripts" / "elastic_count.py"
-
-os.environ.update(
-    {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}",
-        "REDIS_URL": BENCH_REDIS,
-        "TRAINYARD_HEARTBEAT_INTERVAL": str(HEARTBEAT),
-        "TRAINYARD_HOME": str(REPO / ".trainyard" / "bench"),
-        "OMP_NUM_THREADS": "1",
-        # The API is called in-process through DRF's test client, which names this host.
-        "ALLOWED_HOSTS": "localhost,127.0.0.1,testserver",
-    }
-)
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-
-
-def read_progress(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            out.append(json.loads(line))
-    return out
-
-
-def first_step_after(path: Path, t0: float, world: int | None = None, timeout: float = 60.0) -> float | None:
-    """Seconds from ``t0`` to the first step logged by a process started after ``t0``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        started = False
-        for record in read_progress(path):
-            if (
-                record.get("event") == "start"
-                and record["t"] > t0
-                and (world is None or record["world"] == world)
-            ):
-                started = True
-            elif started and "step" in record and "event" not in record and record["t"] > t0:
-                return float(record["t"] - t0)
-        time.sleep(0.05)
-    return None
-
-
-def wait_steps(path: Path, world: int, count: int, timeout: float = 45.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        steps = (r for r in read_progress(path) if "step" in r and "event" not in r)
-        if sum(1 for r in steps if r["world"] == world) >= count:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def ddp_args(progress: Path, steps: int = 100000) -> list[str]:
-    return [
-        "--steps",
-        str(steps),
-        "--step-sleep",
-        str(STEP_SLEEP),
-        "--checkpoint-every",
-        "5",
-        "--step-log",
-        str(progress),
-    ]
-
-
-def wait_records(record: Path, world: int, count: int, timeout: float = 45.0) -> bool:
-    """elastic_count.py's record: ``count`` steps of rank 0 at ``world``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = read_progress(record)
-        if sum(1 for r in lines if r.get("world") == world and r.get("rank") == 0) >= count:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def first_record_after(
-    record: Path, t0: float, world: int, round_above: int = 0, timeout: float = 60.0
-) -> float | None:
-    """Seconds from ``t0`` to the first step elastic_count.py recorded at ``world`` after it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in read_progress(record):
-            if r.get("world") == world and r.get("round", 0) > round_above and r.get("t", 0) > t0:
-                return float(r["t"] - t0)
-        time.sleep(0.05)
-    return None
-
-
-def script_pids(root_pid: int, script: Path = DDP_SCRIPT) -> list[int]:
-    """The rank processes running ``script`` under ``root_pid``, not their own children (a
-    DataLoader worker carries its rank's command line)."""
-    import psutil
-
-    try:
-        children = psutil.Process(root_pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    found: dict[int, int] = {}  # pid -> parent pid
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            if any(script.name in part for part in child.cmdline()) and "torchrun" not in " ".join(
-                child.cmdline()[:2]
-            ):
-                found[child.pid] = child.ppid()
-    return [pid for pid, parent in found.items() if parent not in found]
-
-
-# --- torchrun ---------------------------------------------------------------------------------
-
-
-TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-"""torchrun's documented opt-out of sharing its rendezvous TCPStore with the workers. Shared (the
-default in torch 2.13), the store outlives a restart with the previous attempt's gloo keys still in
-it, and a restarted rank may read its dead peer's address: ``connectFullMesh ... Connection
-refused``, and the restart fails (torchrun recovered in 1 of 5 reps that way). Opted out, rank 0 of
-each attempt hosts a fresh store and torchrun recovered in every rep tried (4 of 4)."""
-
-
-def torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return procs.spawn(
-        [str(Path(sys.executable).parent / "torchrun"), *args],
-        cwd=REPO,
-        env={**os.environ, **TORCHRUN_ENV},
-        log=log,
-    )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def torchrun_rank_kill(work: Path) -> float | None:
-    progress = work / "progress.jsonl"
-    proc = torchrun(
-        [
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "3",
-            str(DDP_SCRIPT),
-            *ddp_args(progress),
-            "--checkpoint-dir",
-            str(work / "ckpt"),
-        ],
-        work / "torchrun.log",
-    )
-    try:
-        if not wait_steps(progress, 2, TRAINED_STEPS):
-            return None
-        victim = script_pids(proc.pid)[-1]
-        t0 = time.time()
-        os.kill(victim, signal.SIGKILL)
-        return first_step_after(progress, t0, timeout=TORCHRUN_WAIT)
-    finally:
-        procs.kill(proc)
-
-
-def torchrun_c10d(work: Path, node: int, port: int, progress: Path) -> subprocess.Popen[bytes]:
-    return torchrun(
-        [
-            "--nnodes",
-            "2:3",
-            "--nproc-per-node",
-            "1",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-id",
-            work.name,
-            "--max-restarts",
-            "3",
-            str(DDP_SCRIPT),
-            *ddp_args(progress),
-            "--checkpoint-dir",
-            str(work / "ckpt"),
-        ],
-        work / f"torchrun-{node}.log",
-    )
-
-
-def torchrun_scale_up(work: Path) -> float | None:
-    progress, port = work / "progress.jsonl", free_port()
-    started = [torchrun_c10d(work, n, port, progress) for n in range(2)]
-    try:
-        if not wait_steps(progress, 2, TRAINED_STEPS):
-            return None
-        t0 = time.time()
-        started.append(torchrun_c10d(work, 2, port, progress))
-        return first_step_after(progress, t0, world=3, timeout=TORCHRUN_WAIT)
-    finally:
-        for proc in started:
-            procs.kill(proc)
-
-
-def torchrun_node_kill(work: Path) -> float | None:
-    progress, port = work / "progress.jsonl", free_port()
-    started = [torchrun_c10d(work, n, port, progress) for n in range(3)]
-    try:
-        if not wait_steps(progress, 3, TRAINED_STEPS, timeout=120):
-            return None
-        t0 = time.time()
-        procs.kill(started[2])  # the host dies: its agent and its rank
-        return first_step_after(progress, t0, world=2, timeout=TORCHRUN_WAIT)
-    finally:
-        for proc in started:
-            procs.kill(proc)
-
-
-# --- Trainyard --------------------------------------------------------------------------------
-
-
-class Trainyard:
-    """A controller and three agents against a bench database; jobs go through the REST API."""
-
-    def __init__(self, root: Path) -> None:
-        import django
-
-        django.setup()
-        from django.conf import settings
-        from django.contrib.auth.models import User
-        from rest_framework.test import APIClient
-
-        from tests.support.agents import AgentProcs
-        from tests.support.controller import Controller
-
-        self.root = root
-        self.kill_settled: float | None = None  # the last in-place rank kill: kill → round made
-        self.controller = Controller(BENCH_REDIS, root / "controller", TRAINYARD_CONTROLLER_TICK="0.5")
-        # The product's default warm pool, not the tests' smaller one.
-        self.agents = AgentProcs(root, BENCH_REDIS, token=settings.NODE_TOKEN, warm_pool=None)
-        self.api = APIClient()
-        self.api.force_authenticate(User.objects.get_or_create(username="bench", is_superuser=True)[0])
-        self.controller.start()
-        for name in ("bench-a", "bench-b", "bench-c"):
-            self.agents.start(name, heartbeat=HEARTBEAT)
-        self.wait_online(3)
-        self.wait_pools()
-
-    def wait_pools(self) -> None:
-        """Agents that just booted are still filling their warm pools (imports on every core):
-        the cases measure hosts in their steady state."""
-        from tests.support.agents import wait_pool_settled
-
-        for agent in self.agents.agents:
-            if agent.popen.poll() is None:
-                wait_pool_settled(agent, timeout=180)
-
-    def wait_online(self, count: int) -> None:
-        from console.cluster.models import Node
-
-        deadline = time.monotonic() + 90
-        while Node.objects.filter(state="ONLINE").count() < count:
-            if time.monotonic() > deadline:
-                raise RuntimeError("agents did not register")
-            time.sleep(0.2)
-
-    def submit(self, progress: Path, nnodes: str, nproc: int, desired: int | None = None) -> int:
-        body = {
-            "name": "bench",
-            "entrypoint": str(DDP_SCRIPT),
-            "workdir": str(REPO),
-            "args": ddp_args(progress),
-            "nnodes": nnodes,
-            "nproc_per_node": nproc,
-            "max_restarts": 100,
-            "grace_period": 10,
-        }
-        job_id: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
-        if desired is not None:
-            self.api.post(f"/api/v1/jobs/{job_id}/resize/", {"nodes": desired}, format="json")
-        return job_id
-
-    def stop(self, job_id: int, script: Path = DDP_SCRIPT) -> None:
-        self.api.post(f"/api/v1/jobs/{job_id}/stop/")
-        # Wait until no rank of the job is left, so cases don't overlap.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(
-            script_pids(a.pid, script) for a in self.agents.agents if a.popen.poll() is None
-        ):
-            time.sleep(0.2)
-
-    def missed(self, job_id: int, why: str) -> None:
-        """Says why a rep has no figure, with what the console knew of the job then."""
-        from console.jobs.models import Job
-
-        job = Job.objects.get(pk=job_id)
-        rnd = job.current_round()
-        where = (
-            f"round {rnd.number} ({rnd.reason}, world {rnd.world_size}, first step {rnd.first_step_at})"
-            if rnd
-            else "no round"
-        )
-        events = [f"{e.kind}: {e.message}"[:160] for e in job.events.order_by("-id")[:4]]
-        print(f"  no figure: {why}; job {job.state}, {where}; last events: {events}", flush=True)
-
-    def rank_kill(self, work: Path) -> float | None:
-        self.wait_pools()
-        progress = work / "progress.jsonl"
-        job = self.submit(progress, "1", 2)
-        try:
-            if not wait_steps(progress, 2, TRAINED_STEPS):
-                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 2 before the kill")
-                return None
-            node = self.node_of(job, rank=0)
-            victim = script_pids(node.pid)[-1]
-            t0 = time.time()
-            os.kill(victim, signal.SIGKILL)
-            took = first_step_after(progress, t0, timeout=30)
-            if took is None:
-                self.missed(job, "no step within 30 s of the kill")
-            return took
-        finally:
-            self.stop(job)
-
-    def scale_up(self, work: Path) -> float | None:
-        self.wait_pools()
-        progress = work / "progress.jsonl"
-        job = self.submit(progress, "1:3", 1, desired=2)
-        try:
-            if not wait_steps(progress, 2, TRAINED_STEPS):
-                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 2 before the resize")
-                return None
-            t0 = time.time()
-            response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 3}, format="json")
-            assert response.status_code == 200, response.content
-            took = first_step_after(progress, t0, world=3, timeout=30)
-            if took is None:
-                self.missed(job, "no step at world 3 within 30 s of the resize")
-            return took
-        finally:
-            self.stop(job)
-
-    def node_kill(self, work: Path) -> float | None:
-        self.wait_pools()
-        progress = work / "progress.jsonl"
-        job = self.submit(progress, "2:3", 1)
-        try:
-            if not wait_steps(progress, 3, TRAINED_STEPS):
-                self.missed(job, f"fewer than {TRAINED_STEPS} steps at world 3 before the kill")
-                return None
-            agent = self.node_of(job, rank=2)
-            ranks = script_pids(agent.pid)
-            t0 = time.time()
-            agent.kill()
-            for pid in ranks:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            took = first_step_after(progress, t0, world=2, timeout=30)
-            if took is None:
-                self.missed(job, "no step at world 2 within 30 s of the node kill")
-            return took
-        finally:
-            self.stop(job)
-            self.revive()
-
-    def inplace_resizes(self, work: Path) -> tuple[float | None, float | None]:
-        """An SDK job (in place) resized 2 → 3, then 3 → 2: seconds from each API call to the
-        first step at the new world in the new round. Each resize is made once the round before
-        has formed (a change while one is still forming restarts); a change that did not happen
-        in place counts as none."""
-        self.wait_pools()  # the joiner comes from a settled warm pool, as on an idle host
-        record = work / "record.jsonl"
-        body = {
-            "name": "bench-inplace",
-            "entrypoint": str(SDK_SCRIPT),
-            "workdir": str(REPO),
-            "args": ["--record", str(record), "--examples", "200000", "--step-sleep", str(STEP_SLEEP)],
-            "nnodes": "1:3",
-            "nproc_per_node": 1,
-            "max_restarts": 100,
-            "grace_period": 10,
-            "elastic": "inplace",
-        }
-        job: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
-        self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": 2}, format="json")
-        try:
-            if not self.settled(job, world=2) or not wait_records(record, world=2, count=TRAINED_STEPS):
-                return None, None
-            up = self.timed_resize(job, record, 3)
-            if up is None or not self.settled(job, world=3):
-                return up, None
-            return up, self.timed_resize(job, record, 2)
-        finally:
-            self.stop(job, script=SDK_SCRIPT)
-
-    def inplace_failures(self, work: Path) -> tuple[float | None, float | None]:
-        """An SDK job (in place) on three nodes: a rank SIGKILL → the next step in the next round
-        (from the kill), then a node loss → the first step at world 2 (from the round the loss
-        made, i.e. once it was declared). A round not in place counts as none."""
-        from console.jobs.models import Round
-
-        self.wait_pools()
-        record = work / "record.jsonl"
-        body = {
-            "name": "bench-inplace-failures",
-            "entrypoint": str(SDK_SCRIPT),
-            "workdir": str(REPO),
-            "args": ["--record", str(record), "--examples", "200000", "--step-sleep", str(STEP_SLEEP)],
-            "nnodes": "2:3",
-            "nproc_per_node": 1,
-            "max_restarts": 100,
-            "grace_period": 10,
-            "elastic": "inplace",
-        }
-        job: int = self.api.post("/api/v1/jobs/", body, format="json").json()["id"]
-        kill = loss = None
-        try:
-            if not self.settled(job, world=3) or not wait_records(record, world=3, count=TRAINED_STEPS):
-                return None, None
-            before = self.round_of(job)
-            victim = script_pids(self.node_of(job, rank=2).pid, SDK_SCRIPT)[-1]
-            t0 = time.time()
-            os.kill(victim, signal.SIGKILL)
-            kill = first_record_after(record, t0, world=3, round_above=before)
-            recovered = Round.objects.filter(job_id=job, number=before + 1).first()
-            if recovered is None or not recovered.inplace:
-                print(f"  round {before + 1} was not in place", flush=True)
-                kill = None
-            else:  # where the time went: settling the failure, then forming the round
-                self.kill_settled = recovered.created_at.timestamp() - t0
-            if not self.settled(job, world=3) or not wait_records(record, world=3, count=TRAINED_STEPS):
-                return kill, None
-            before = self.round_of(job)
-            agent = self.node_of(job, rank=2)
-            ranks = script_pids(agent.pid, SDK_SCRIPT)
-            agent.kill()
-            for pid in ranks:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while self.round_of(job) == before and time.monotonic() < deadline:
-                time.sleep(0.05)
-            declared = Round.objects.filter(job_id=job, number=before + 1).first()
-            if declared is None or not declared.inplace:
-                print(f"  round {before + 1} was not in place", flush=True)
-                return kill, None
-            t1 = declared.created_at.timestamp()
-            loss = first_record_after(record, t1, world=2, round_above=before)
-            return kill, loss
-        finally:
-            self.stop(job, script=SDK_SCRIPT)
-            self.revive()
-
-    def round_of(self, job: int) -> int:
-        from console.jobs.models import Round
-
-        return int(Round.objects.filter(job_id=job).order_by("-number").values_list("number", flat=True)[0])
-
-    def timed_resize(self, job: int, record: Path, nodes: int) -> float | None:
-        from console.jobs.models import Round
-
-        before = Round.objects.filter(job_id=job).order_by("-number").values_list("number", flat=True)[0]
-        t0 = time.time()
-        response = self.api.post(f"/api/v1/jobs/{job}/resize/", {"nodes": nodes}, format="json")
-        assert response.status_code == 200, response.content
-        took = first_record_after(record, t0, world=nodes, round_above=before)
-        with (record.parent / "resizes.jsonl").open("a") as log:  # for reading the records after
-            log.write(json.dumps({"t0": t0, "nodes": nodes, "round_above": before, "took": took}) + "\n")
-        if not Round.objects.filter(job_id=job, number=before + 1, inplace=True).exists():
-            print(f"  round {before + 1} was not in place", flush=True)
-            return None
-        return took
-
-    def settled(self, job_id: int, world: int, timeout: float = 60.0) -> bool:
-        """The job's current round has ``world`` ranks and, if in place, has formed."""
-        from console.jobs.models import Job, RoundPhase
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rnd = Job.objects.get(pk=job_id).current_round()
-            if rnd is not None and rnd.world_size == world and rnd.state != RoundPhase.FORMING:
-                return True
-            time.sleep(0.05)
-        return False
-
-    def node_of(self, job_id: int, rank: int) -> Any:
-        from console.jobs.models import Job
-
-        job = Job.objects.get(pk=job_id)
-        rnd = job.current_round()
-        assert rnd is not None
-        name = rnd.allocations.get(node_rank=rank).node.name
-        return next(a for a in self.agents.agents if a.name == name and a.popen.poll() is None)
-
-    def revive(self) -> None:
-        live = {a.name for a in self.agents.agents if a.popen.poll() is None}
-        for name in ("bench-a", "bench-b", "bench-c"):
-            if name not in live:
-                # A host that runs one rank per round keeps twice that warm; a freshly started
-                # agent first fills its pool to the cap (4). Capped at 2, a revived host is in
-                # the others' steady state after half the imports (one rank per host in every
-                # case after the rank kills, which run first).
-                self.agents.start(name, heartbeat=HEARTBEAT, extra_args=["--warm-pool", "2"])
-        self.wait_online(3)
-        self.wait_pools()
-
-    def close(self) -> None:
-        self.agents.cleanup()
-        self.controller.stop()
-        self.controller.kill()
-
-
-def create_database() -> None:
-    import psycopg
-
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-
-
-def drop_database() -> None:
-    import psycopg
-    from django.db import connections
-
-    connections.close_all()
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
 
 
 def median(values: list[float | None]) -> float | None:
@@ -805,54 +266,46 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    import redis
-
-    redis.Redis.from_url(BENCH_REDIS).flushdb()
-    create_database()
-    import django
-
-    # Its controller and agents share one opted-in node token (a single-machine set-up).
-    os.environ.setdefault("TRAINYARD_NODE_TOKEN", secrets.token_urlsafe(32))
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    env = {
+        "TRAINYARD_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+        # The API is called in-process through DRF's test client, which names this host.
+        "ALLOWED_HOSTS": "localhost,127.0.0.1,testserver",
+        # Its controller and agents share one opted-in node token (a single-machine set-up).
+        "TRAINYARD_NODE_TOKEN": os.environ.get("TRAINYARD_NODE_TOKEN") or secrets.token_urlsafe(32),
+    }
+    root = Path(args.keep) if args.keep else None
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=False)
     figures: dict[str, Any] = {}
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            root = Path(args.keep)
-            root.mkdir(parents=True, exist_ok=False)
-        else:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-elastic-")))
+    # The product's default warm pool (warm_pool=None), not the tests' smaller one.
+    with harness.Bench("elastic", database=BENCH_DB, redis=BENCH_REDIS, env=env, root=root) as bench:
+        from bench.elastic.trainyard import Trainyard
+
         print("Trainyard (controller + 3 agents, heartbeat 2 s)", flush=True)
-        ty = Trainyard(root / "trainyard")
+        ty = Trainyard(bench)
         inplace: dict[str, list[float | None]] | None = None
         plain: dict[str, dict[str, list[float | None]]] | None = None
         try:
             if not args.inplace_only:
-                plain = measure_plain_rank_kill(args.reps, ty, root / "plain")
+                plain = measure_plain_rank_kill(args.reps, ty, bench.root / "plain")
             if not args.plain_only:
-                inplace = measure_inplace(args.reps, ty, root / "inplace")
+                inplace = measure_inplace(args.reps, ty, bench.root / "inplace")
             if plain is not None:
-                measure_plain_resizes(args.reps, ty, root / "plain", plain)
+                measure_plain_resizes(args.reps, ty, bench.root / "plain", plain)
         finally:
             ty.close()
         if plain is not None:
             if args.c10d:
-                measure_torchrun_resizes(args.reps, plain, root)
+                measure_torchrun_resizes(args.reps, plain, bench.root)
             figures.update(plain_figures(plain))
         if inplace is not None:
             print_inplace(inplace)
             figures.update(inplace_figures(inplace))
-    redis.Redis.from_url(BENCH_REDIS).flushdb()
-    drop_database()
-    print(json.dumps(figures))
+    harness.print_json(figures)
     return 0
 
 
 if __name__ == "__main__":
     # SIGTERM and Ctrl-C unwind main(); every controller, agent and torchrun it started is
     # stopped on the way out, even one interrupted while the cluster was still starting.
-    with procs.stopped_on_exit():
-        code = main()
-    sys.exit(code)
+    sys.exit(harness.run(main))

@@ -18,12 +18,9 @@ is full and done importing (a refill is part of the steady state, not of a launc
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,18 +28,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 
+from bench import harness  # noqa: E402
 from tests.support import procs  # noqa: E402
 from tests.support.agents import (  # noqa: E402
     AgentProcess,
     ControlQueue,
-    free_port,
     read_progress,
     round_spec,
-    start_agent,
     wait_pool_ready,
 )
 from workers import protocol  # noqa: E402
 from workers.agent.warmpool import DEFAULT_WARM_POOL  # noqa: E402
+from workers.net import free_port  # noqa: E402
 
 RUNS = 9
 STEPS = 3000
@@ -130,19 +127,22 @@ def run_torchrun_once(work: Path, index: int) -> tuple[float, float]:
 
 def main() -> int:
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/2")
-    work = Path(tempfile.mkdtemp(prefix="trainyard-launch-bench-"))
+    # No database, no controller: the bench plays the controller on the agents' queues.
+    with harness.Bench(
+        "launch",
+        redis=None,
+        django=False,
+        env={"REDIS_URL": redis_url, "TRAINYARD_NODE_TOKEN": "bench-token"},
+    ) as bench:
+        return run_launches(bench, redis_url)
+
+
+def run_launches(bench: harness.Bench, redis_url: str) -> int:
+    work = bench.root
     queue = ControlQueue(redis_url)
     queue.purge()
     agents = {
-        launcher: start_agent(
-            name,
-            redis_url,
-            token="bench-token",
-            data_dir=work / "agents" / name,
-            checkpoint_root=work / "checkpoints",
-            heartbeat=2.0,
-            warm_pool=pool,
-        )
+        launcher: bench.console.agents.start(name, heartbeat=2.0, extra_args=["--warm-pool", str(pool)])
         for launcher, (name, pool) in AGENTS.items()
     }
     launchers = [*AGENTS, "torchrun"]
@@ -210,13 +210,10 @@ def main() -> int:
         f"steps/s agent vs torchrun: ratio of medians {figures['steps_per_s_ratio']:.3f}, "
         f"median of per-round ratios {figures['steps_per_s_paired_ratio']:.3f}"
     )
-    print(json.dumps(figures))
-    shutil.rmtree(work, ignore_errors=True)
+    harness.print_json(figures)
     return 0
 
 
 if __name__ == "__main__":
     # SIGTERM and Ctrl-C unwind main(); the agents and any torchrun are stopped on the way out.
-    with procs.stopped_on_exit():
-        code = main()
-    sys.exit(code)
+    sys.exit(harness.run(main))

@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +39,11 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from bench import harness  # noqa: E402
+from tests.support import procs  # noqa: E402
+from workers.net import free_port  # noqa: E402
 from workers.ps.contract import Mode  # noqa: E402
-from workers.ps.local import LocalPsJob, free_port  # noqa: E402
+from workers.ps.local import LocalPsJob  # noqa: E402
 from workers.ps.optim import OptimizerConfig  # noqa: E402
 from workers.ps.store import TableConfig  # noqa: E402
 
@@ -49,14 +51,6 @@ BATCH = 512
 WORKERS = 2
 PROBE_ROWS = 1000
 PROBE_CALLS = 100
-
-
-class Stop(Exception):
-    """SIGINT or SIGTERM: unwind so every started process is stopped."""
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    raise Stop(signal.Signals(signum).name)
 
 
 def settings(rows: int, dim: int) -> list[str]:
@@ -185,18 +179,14 @@ def allreduce(workdir: Path, rows: int, dim: int, windows: int, window_s: float)
                 "TRAINYARD_TELEMETRY": str(workdir / f"allreduce-{rank}.jsonl"),
                 "TRAINYARD_CHECKPOINT_DIR": str(workdir / "allreduce-checkpoints"),
             }
-            log = open(workdir / f"allreduce-{rank}.log", "ab")  # noqa: SIM115 - the child owns it
             processes.append(
-                subprocess.Popen(
+                procs.spawn(
                     [sys.executable, "-m", "workers.workloads", "recsys-embedding", *settings(rows, dim)],
                     env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    log=workdir / f"allreduce-{rank}.log",
                     cwd=REPO,
                 )
             )
-            log.close()
 
         def rates() -> list[float]:
             if not telemetry.exists():
@@ -215,9 +205,7 @@ def allreduce(workdir: Path, rows: int, dim: int, windows: int, window_s: float)
         return rates()[2 : 2 + windows]
     finally:
         for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
+            procs.kill(process)
 
 
 def main() -> int:
@@ -241,8 +229,6 @@ def main() -> int:
     # The probe client runs here: one thread, like the workers (OMP_NUM_THREADS=1), so its numbers
     # do not include torch's intra-op threads waiting for a core on a busy machine.
     torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
     results: dict[str, Any] = {}
     jobs: list[LocalPsJob] = []
     started = time.monotonic()
@@ -274,9 +260,6 @@ def main() -> int:
             results["allreduce_rates"] = allreduce(
                 workdir, args.allreduce_rows, args.dim, args.windows, args.window_s
             )
-        except Stop as stop:
-            print(f"interrupted by {stop}: stopping every process", file=sys.stderr)
-            return 130
         finally:
             # Before the scratch directory goes: a PS writes its final checkpoint on SIGTERM.
             for job in jobs:
@@ -289,16 +272,10 @@ def console_joins(joins: int) -> int:
     """``--console``: worker_join_s measured through the console, with its own JSON line."""
     from bench.ps.console import TABLE_ROWS, measure
 
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-ps-console-") as scratch:
         Path(scratch).chmod(0o755)  # PostgreSQL runs as its own user and must reach its directory
-        try:
-            seconds = measure(Path(scratch), joins, log=lambda text: print(text, flush=True))
-        except Stop as stop:
-            print(f"interrupted by {stop}: stopping every process", file=sys.stderr)
-            return 130
+        seconds = measure(Path(scratch), joins, log=lambda text: print(text, flush=True))
     join = summary(seconds)
     print()
     print("| measure (through the console) | median | range |")
@@ -358,4 +335,5 @@ def report(results: dict[str, Any], args: argparse.Namespace, elapsed: float) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGINT and SIGTERM unwind main(): every process it started is stopped on the way out.
+    sys.exit(harness.run(main))

@@ -42,8 +42,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench import harness  # noqa: E402
 from tests.support import procs  # noqa: E402
-from tests.support.agents import free_port  # noqa: E402
+from workers.net import free_port  # noqa: E402
 
 RANK = Path(__file__).resolve().parent / "rank.py"
 VARIANTS = ("guarded", "unguarded", "lean")
@@ -148,6 +149,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    with procs.stopped_on_exit():
-        code = main()
-    sys.exit(code)
+    # SIGINT and SIGTERM unwind main(): both ranks of a run are stopped on the way out.
+    sys.exit(harness.run(main))

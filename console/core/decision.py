@@ -1,9 +1,11 @@
 """The controller's decision lock: one transaction at a time decides placement and rounds.
 
-Every decision (operator actions, agents' reports, the periodic tick) runs in ``decision()``, a
-transaction holding a PostgreSQL advisory lock until it commits. Any number of controller
-threads or processes can run, die and restart without two of them placing the same capacity or
-starting the same round twice.
+Decisions about placement and rounds (agents' reports, the periodic tick, the operator's resize,
+restart and stop) run in ``decision()``, a transaction holding a PostgreSQL advisory lock until it
+commits. Any number of controller threads or processes can run, die and restart without two of
+them placing the same capacity or starting the same round twice. Submitting a job and draining
+or undraining a node do not take the lock: they change one row under its row lock and ask for a
+tick, which decides what follows in ``decision()``.
 """
 
 from __future__ import annotations

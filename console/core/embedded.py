@@ -30,6 +30,8 @@ from types import ModuleType
 
 import psutil
 
+from workers.net import free_port
+
 DATABASE_NAME = "trainyard"
 DATABASE_USER = "postgres"
 # PostgreSQL refuses to run as root; the wheel switches to this system user (and creates it).
@@ -71,9 +73,7 @@ def pick_port() -> int:
             port = rng.randrange(LOWEST_PORT, low)
             if _bindable(port):
                 return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 def _write_private(path: Path, text: str) -> None:

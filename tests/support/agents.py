@@ -30,6 +30,7 @@ from celery import Celery
 
 from tests.support import procs
 from workers import protocol
+from workers.net import free_port
 from workers.protocol import RoundSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,50 +108,76 @@ class AgentProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def agent_argv(
+    name: str,
+    broker: str,
+    *,
+    data_dir: Path,
+    checkpoint_root: Path,
+    heartbeat: float,
+    warm_pool: int | None,
+    token: str | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """An agent for host ``name``; its token from the environment unless given (argv is
+    readable by every local user: tests only)."""
+    return [
+        sys.executable,
+        "-m",
+        "workers.agent",
+        "--name",
+        name,
+        "--broker",
+        broker,
+        # (a random token may start with "-", which argparse takes for an option)
+        *([f"--token={token}"] if token is not None else []),
+        "--address",
+        "127.0.0.1",
+        "--heartbeat",
+        str(heartbeat),
+        "--data-dir",
+        str(data_dir),
+        "--checkpoint-root",
+        str(checkpoint_root),
+        *([] if warm_pool is None else ["--warm-pool", str(warm_pool)]),
+        *(extra or []),
+    ]
+
+
 def start_agent(
     name: str,
     broker_url: str,
     *,
-    token: str,
+    token: str | None,
     data_dir: Path,
     checkpoint_root: Path,
     heartbeat: float = 0.5,
     warm_pool: int | None = TEST_WARM_POOL,
     extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = False,
 ) -> AgentProcess:
+    """An agent process (registered with procs: stopped with everything else on SIGTERM, Ctrl-C
+    or exit), its output in ``agent-<name>.log`` beside its data directory."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    pool_args = [] if warm_pool is None else ["--warm-pool", str(warm_pool)]
     log_path = data_dir.parent / f"agent-{name}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with log_path.open("ab") as log:
-        popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workers.agent",
-                "--name",
-                name,
-                "--broker",
-                broker_url,
-                f"--token={token}",  # (a random token may start with "-", which argparse takes for an option)
-                "--address",
-                "127.0.0.1",
-                "--heartbeat",
-                str(heartbeat),
-                "--data-dir",
-                str(data_dir),
-                "--checkpoint-root",
-                str(checkpoint_root),
-                *pool_args,
-                *(extra_args or []),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    procs.adopt(popen)  # stopped with everything else on SIGTERM, Ctrl-C or exit
+    popen = procs.spawn(
+        agent_argv(
+            name,
+            broker_url,
+            data_dir=data_dir,
+            checkpoint_root=checkpoint_root,
+            heartbeat=heartbeat,
+            warm_pool=warm_pool,
+            token=token,
+            extra=extra_args,
+        ),
+        cwd=REPO_ROOT,
+        env={**(env or os.environ), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        log=log_path,
+        stdin=subprocess.DEVNULL,
+        die_with_parent=die_with_parent,
+    )
     return AgentProcess(name, popen, data_dir, checkpoint_root, log_path)
 
 
@@ -207,13 +234,17 @@ class AgentProcs:
         self,
         root: Path,
         broker_url: str,
-        token: str = "node-token-1",
+        token: str | None = "node-token-1",
         warm_pool: int | None = TEST_WARM_POOL,
+        env: dict[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.root = root
         self.broker_url = broker_url
         self.token = token
         self.warm_pool = warm_pool
+        self.env = env
+        self.die_with_parent = die_with_parent
         self.agents: list[AgentProcess] = []
 
     def start(
@@ -232,6 +263,8 @@ class AgentProcs:
             heartbeat=heartbeat,
             warm_pool=self.warm_pool,
             extra_args=extra_args,
+            env=self.env,
+            die_with_parent=self.die_with_parent,
         )
         self.agents.append(agent)
         return agent
@@ -397,15 +430,6 @@ def round_spec(
         max_restarts=3,
         grace_period=grace_period,
     )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def read_progress(path: Path) -> list[dict[str, Any]]:

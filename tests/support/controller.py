@@ -53,12 +53,49 @@ def service_env(redis_url: str, home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def controller_argv(workdir: Path, name: str = "", schedule: Path | None = None) -> list[str]:
+    """The controller: a Celery worker on queue ``control`` with its beat embedded, threads pool."""
+    return [
+        str(VENV_BIN / "celery"),
+        "-A",
+        "console",
+        "worker",
+        "-Q",
+        "control",
+        "-B",
+        "-s",
+        str(schedule or workdir / f"beat-{uuid.uuid4().hex[:8]}"),
+        "--pool",
+        "threads",
+        "-c",
+        "4",
+        "-n",
+        f"{name or 'controller-' + uuid.uuid4().hex[:6]}@%h",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+
+
 class Controller:
     """One controller process; ``kill()`` is SIGKILL, ``start()`` may be called again after it."""
 
-    def __init__(self, redis_url: str, workdir: Path, **env: str) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        workdir: Path,
+        *,
+        base_env: dict[str, str] | None = None,
+        die_with_parent: bool = False,
+        **env: str,
+    ) -> None:
+        """``base_env``: the whole environment (a bench's); by default the test database's
+        (``service_env``). ``env`` adds to it."""
         self.redis_url = redis_url
         self.workdir = workdir
+        self.base_env = base_env
+        self.die_with_parent = die_with_parent
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -70,29 +107,14 @@ class Controller:
     def start(self) -> None:
         self.starts += 1
         self.workdir.mkdir(parents=True, exist_ok=True)
-        command = [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "console",
-            "worker",
-            "-Q",
-            "control",
-            "-B",
-            "-s",
-            str(self.workdir / f"beat-{uuid.uuid4().hex[:8]}"),
-            "--pool",
-            "threads",
-            "-c",
-            "4",
-            "-n",
-            f"controller-{uuid.uuid4().hex[:6]}@%h",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-        ]
+        env = {**self.base_env, **self.env} if self.base_env is not None else None
         self.proc = procs.spawn(
-            command, cwd=REPO, env=service_env(self.redis_url, self.workdir, **self.env), log=self.log_path
+            controller_argv(self.workdir),
+            cwd=REPO,
+            env=env or service_env(self.redis_url, self.workdir, **self.env),
+            log=self.log_path,
+            stdin=subprocess.DEVNULL,
+            die_with_parent=self.die_with_parent,
         )
 
     @property

@@ -3,10 +3,6 @@ room for agents, all stopped in teardown."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +11,10 @@ import pytest
 import redis
 from django.conf import settings
 
+from tests.support import procs
 from tests.support.agents import AgentProcs
 from tests.support.controller import REPO, Controller, service_env, wait_for
+from tests.support.services import ingest_argv
 
 HEARTBEAT = 1.0
 
@@ -53,14 +51,11 @@ def live_console(console_url: str, tmp_path: Path) -> Iterator[LiveConsole]:
         TRAINYARD_CONTROLLER_TICK="0.5",
         TRAINYARD_PUBLIC_URL=console_url,
     )
-    ingest_log = (tmp_path / "ingest.log").open("wb")
-    ingest = subprocess.Popen(
-        [sys.executable, "manage.py", "ingest", "--consumer", "browser-live"],
+    ingest = procs.spawn(
+        ingest_argv("browser-live"),
         cwd=REPO,
         env=service_env(url, tmp_path / "ingest"),
-        stdout=ingest_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        log=tmp_path / "ingest.log",
     )
     # No warm pool: a warm interpreter handed to a round while still importing keeps nice 19
     # until it is ready, and on a loaded machine that starved the first round for minutes.
@@ -70,13 +65,6 @@ def live_console(console_url: str, tmp_path: Path) -> Iterator[LiveConsole]:
         yield LiveConsole(console_url, agents, tmp_path)
     finally:
         agents.cleanup()
-        controller.stop()
-        controller.kill()
-        os.killpg(ingest.pid, signal.SIGTERM)
-        try:
-            ingest.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(ingest.pid, signal.SIGKILL)
-            ingest.wait()
-        ingest_log.close()
+        controller.kill()  # its state is in PostgreSQL: nothing to wind down at the end of a test
+        procs.stop(ingest, grace=15)
         redis.Redis.from_url(url).flushdb()

@@ -69,10 +69,16 @@ def spawn(
     cwd: Path | str | None = None,
     env: dict[str, str] | None = None,
     log: Path | None = None,
+    die_with_parent: bool = False,
     **popen: Any,
 ) -> subprocess.Popen[Any]:
     """Starts ``argv`` in a session of its own (so its group can be signalled as a whole) and
-    registers it. Output goes to ``log`` (appended) unless ``stdout`` is given."""
+    registers it. Output goes to ``log`` (appended) unless ``stdout`` is given.
+
+    ``die_with_parent``: the child gets SIGKILL when the thread that started it ends, even when
+    this process is SIGKILLed (Linux's parent-death signal; start it from the main thread)."""
+    if die_with_parent:
+        popen.setdefault("preexec_fn", _die_with_parent)
     out = log.open("ab") if log is not None else None
     if out is not None:
         popen.setdefault("stdout", out)
@@ -85,6 +91,17 @@ def spawn(
         if out is not None:
             out.close()
     return adopt(process)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL when its parent dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def adopt(process: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
@@ -131,7 +148,7 @@ def stop(
     """``sig`` to the process's group, up to ``grace`` seconds for it to exit, then SIGKILL to
     the group and to every descendant ever seen. Returns the exit code."""
     tracked = _registry.get(process.pid) or _Tracked(process, 0.0)
-    with _shielded():
+    with shielded():
         tracked.remember()
         if process.poll() is None and grace > 0:
             _signal(tracked, sig)
@@ -152,6 +169,23 @@ def stop(
     return process.returncode
 
 
+def stop_together(processes: list[subprocess.Popen[Any]], grace: float = DEFAULT_GRACE) -> None:
+    """Like ``stop`` for each, but ``sig`` reaches them all at once and they share one grace
+    period (three agents draining their ranks: one grace, not three)."""
+    with shielded():
+        for process in processes:
+            tracked = _registry.get(process.pid) or _Tracked(process, 0.0)
+            tracked.remember()
+            if process.poll() is None:
+                _signal(tracked, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            stop(process, grace=0)
+
+
 def kill(process: subprocess.Popen[Any]) -> int | None:
     """SIGKILL at once, to the process's group and every descendant seen."""
     return stop(process, grace=0)
@@ -168,8 +202,9 @@ def stop_all(grace: float = DEFAULT_GRACE) -> None:
 
 
 @contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """While stopping processes, a further SIGTERM or Ctrl-C does not cut the stopping short."""
+def shielded() -> Iterator[None]:
+    """While stopping processes (or cleaning up after them), a further SIGTERM or Ctrl-C does not
+    cut the stopping short."""
     global _cleaning
     _cleaning += 1
     try:
@@ -178,9 +213,14 @@ def _shielded() -> Iterator[None]:
         _cleaning -= 1
 
 
+_running_at_signal: int | None = None
+
+
 def _unwind(signum: int, frame: FrameType | None) -> None:
+    global _running_at_signal
     if _cleaning:
         return
+    _running_at_signal = len(running())
     raise KeyboardInterrupt(f"got {signal.Signals(signum).name}")
 
 
@@ -199,9 +239,12 @@ def stopped_on_exit(grace: float = DEFAULT_GRACE) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as exc:
-        left = len(running())
+        # (the bench's own clean-up may have stopped some while the interrupt unwound it)
+        seen = _running_at_signal if _running_at_signal is not None else len(running())
         stop_all(grace)
-        print(f"interrupted ({exc or 'Ctrl-C'}): stopped the {left} processes still running", file=sys.stderr)
+        print(
+            f"interrupted ({exc or 'Ctrl-C'}): the {seen} processes running then are stopped", file=sys.stderr
+        )
         raise SystemExit(130) from None
     finally:
         stop_all(grace)

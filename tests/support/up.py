@@ -26,6 +26,7 @@ import requests
 
 from tests.support import procs
 from workers.cli import token_from_password
+from workers.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 URL_LINE = re.compile(r"Trainyard console: (http://\S+)")
@@ -38,14 +39,6 @@ AGENT_COMMAND_LINE = re.compile(r"^  (TRAINYARD_NODE_TOKEN=.+ -m workers\.agent 
 BOOT_TIMEOUT = 240.0
 """Seconds for a console to come up: initdb, migrations and five processes importing Django or
 torch on two cores shared with the rest of the suite."""
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def processes_of_home(home: Path, wait: float = 10.0) -> list[int]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,14 +10,8 @@ import pytest
 from django.conf import settings
 
 from tests.support import procs
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.services import start_web
+from workers.net import free_port
 
 
 @pytest.fixture
@@ -36,30 +27,8 @@ def console_url(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         TRAINYARD_PUBLIC_URL=f"http://127.0.0.1:{port}",
         PYTHONUNBUFFERED="1",
     )
-    log_path = tmp_path / "daphne.log"
-    process = procs.spawn(
-        [
-            str(Path(sys.executable).parent / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "console.asgi:application",
-        ],
-        cwd=REPO,
-        env=env,
-        log=log_path,
-    )
+    process, url = start_web(env, tmp_path / "daphne.log", port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert process.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, "daphne did not start"
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         procs.stop(process, grace=15)

@@ -1,7 +1,11 @@
 """Acting on a host's rounds: the supervisor's hands. `RoundActor` launches a round (fetches its
 bundle, spawns its ranks through launcher.py, or records the launch as failed), and carries out
 the actions decide.py returns: it signals process groups, reaps ended ranks, sends rank exits and
-round ends to the controller, and moves the round's state. It decides nothing itself.
+round ends to the controller, and moves the round's state. It decides little itself, but not
+nothing: `carry_over` decides whether a round can be carried over in place (else the caller starts
+it afresh) and which local ranks are newcomers, `regroup` (through launcher.regroup) which ranks
+of a resized parameter-server round start and stop, and a rank's SIGTERM goes to its interpreter
+or its group (launcher.stop_signal_target).
 """
 
 from __future__ import annotations

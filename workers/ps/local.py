@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers import net
+from workers.net import free_port
 from workers.ps import contract
 from workers.ps.client import CoordinatorClient, PsClient
 from workers.ps.contract import Mode, PsEnv, Role
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_listening(address: str, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
