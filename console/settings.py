@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "console.cluster",
     "console.jobs",
     "console.telemetry",
+    "console.experiments",
     "console.api",
     "console.web",
     # Swagger UI's assets, served by the console (no CDN): the API docs page.
@@ -224,6 +225,12 @@ TRAINYARD_PUBLIC_URL = os.environ.get("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:
 CELERY_BEAT_SCHEDULE = {
     "controller-tick": {
         "task": "trainyard.control.tick",
+        "schedule": CONTROLLER_TICK,
+        "options": {"expires": 5},
+    },
+    # Running sweeps: trials settled, pruned and started (console/experiments/sweeps.py).
+    "controller-sweeps": {
+        "task": "trainyard.control.sweeps",
         "schedule": CONTROLLER_TICK,
         "options": {"expires": 5},
     },
