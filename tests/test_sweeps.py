@@ -46,20 +46,24 @@ def client(user: User) -> APIClient:
     return api
 
 
-def report(job: Job, values: dict[int, float], seq0: int = 0) -> None:
+def report(job: Job | None, values: dict[int, float], seq0: int = 0) -> None:
+    assert job is not None
     Metric.objects.bulk_create(
         Metric(job=job, round_number=1, rank=0, seq=seq0 + i, step=step, name="test_loss", value=v, time=NOW)
         for i, (step, v) in enumerate(sorted(values.items()))
     )
 
 
-def end(job: Job, state: JobState) -> None:
+def end(job: Job | None, state: JobState) -> None:
+    assert job is not None
     Job.objects.filter(pk=job.pk).update(state=state)
 
 
 def test_submit_checks_the_space_the_pruner_and_the_job_spec(operator: User, viewer: User) -> None:
     api = client(operator)
-    bad_space = api.post("/api/v1/sweeps/", sweep_body(space={"lr": {"type": "float", "low": 1, "high": 0}}), format="json")
+    bad_space = api.post(
+        "/api/v1/sweeps/", sweep_body(space={"lr": {"type": "float", "low": 1, "high": 0}}), format="json"
+    )
     assert bad_space.status_code == 400
     assert "'low' (1) is above 'high' (0)" in bad_space.json()["errors"]["space"][0]
     grid = api.post("/api/v1/sweeps/", sweep_body(sampler="grid"), format="json")
@@ -71,7 +75,10 @@ def test_submit_checks_the_space_the_pruner_and_the_job_spec(operator: User, vie
     pruner = api.post(
         "/api/v1/sweeps/", sweep_body(pruner="median", pruner_options={"min_resource": 3}), format="json"
     )
-    assert "unknown option(s) for the median pruner: min_resource" in pruner.json()["errors"]["pruner_options"][0]
+    assert (
+        "unknown option(s) for the median pruner: min_resource"
+        in pruner.json()["errors"]["pruner_options"][0]
+    )
     assert client(viewer).post("/api/v1/sweeps/", sweep_body(), format="json").status_code == 403
     assert Sweep.objects.count() == 0
 
@@ -139,7 +146,7 @@ def test_successive_halving_stops_a_losing_trial_through_the_job_stop(operator: 
     report(second.job, {10: 3.0})
     done = decide(sweeps.advance_sweeps)
     second.refresh_from_db()
-    job = Job.objects.get(pk=second.job_id)
+    job = Job.objects.get(pk=int(second.job_id or 0))
     assert second.state == TrialState.PRUNED and second.value == 3.0
     assert job.state == JobState.STOPPED  # the console's own stop: its round ended, ranks told
     assert "Pruned at step 10 (test_loss 3)" in second.message
@@ -167,13 +174,17 @@ def test_args_take_the_parameters_and_env_values_stay_with_the_owner(
     operator: User, viewer: User, decide: Decide
 ) -> None:
     body = sweep_body(
-        job={"entrypoint": "/bin/true", "args": ["--lr={lr}", "--hidden", "{hidden}", "{other}"], "env": {"TOKEN": "s3cret"}},
+        job={
+            "entrypoint": "/bin/true",
+            "args": ["--lr={lr}", "--hidden", "{hidden}", "{other}"],
+            "env": {"TOKEN": "s3cret"},
+        },
         sampler="grid",
         space={"lr": [0.1, 0.01], "hidden": [8]},
     )
     sweep_id = client(operator).post("/api/v1/sweeps/", body, format="json").json()["id"]
     decide(sweeps.advance_sweeps)
-    jobs = {tuple(t.job.args) for t in Sweep.objects.get(pk=sweep_id).trials.all()}
+    jobs = {tuple(t.job.args) for t in Sweep.objects.get(pk=sweep_id).trials.all() if t.job is not None}
     assert jobs == {("--lr=0.1", "--hidden", "8", "{other}"), ("--lr=0.01", "--hidden", "8", "{other}")}
     seen = client(viewer).get(f"/api/v1/sweeps/{sweep_id}/").json()
     assert seen["job"]["env"] == {"TOKEN": "(hidden)"}

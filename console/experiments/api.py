@@ -46,7 +46,9 @@ class SweepSpecSerializer(serializers.Serializer):
     )
     sampler = serializers.ChoiceField(choices=Sampler.choices, default=Sampler.TPE)
     seed = serializers.IntegerField(default=0, min_value=0, max_value=2**31 - 1)
-    objective = serializers.CharField(max_length=128, help_text="A metric the trials log (sdk.log or TensorBoard)")
+    objective = serializers.CharField(
+        max_length=128, help_text="A metric the trials log (sdk.log or TensorBoard)"
+    )
     direction = serializers.ChoiceField(choices=Direction.choices, default=Direction.MINIMIZE)
     max_trials = serializers.IntegerField(min_value=1, max_value=MAX_TRIALS)
     parallel = serializers.IntegerField(default=1, min_value=1, max_value=MAX_PARALLEL)
@@ -77,7 +79,9 @@ class SweepSpecSerializer(serializers.Serializer):
         # The job spec, checked as trial 0 would be submitted (parameters at their low ends).
         probe = Sweep(name=attrs["name"], spec=attrs["job"], space=attrs["space"])
         try:
-            sweeps.build_job(sweeps.trial_spec(probe, 0, spaces.example(attrs["space"])), self.context["user"])
+            sweeps.build_job(
+                sweeps.trial_spec(probe, 0, spaces.example(attrs["space"])), self.context["user"]
+            )
         except job_actions.InvalidRequest as exc:
             raise serializers.ValidationError({"job": [str(exc)]}) from None
         return attrs
@@ -91,7 +95,9 @@ def may_see_env_values(user: Any, sweep: Sweep) -> bool:
     """Environment values of a sweep's spec: its owner (an operator) and staff, as for a job's."""
     if not is_operator(user):
         return False
-    return bool(user.is_staff or user.is_superuser or (sweep.owner_id is not None and sweep.owner_id == user.pk))
+    return bool(
+        user.is_staff or user.is_superuser or (sweep.owner_id is not None and sweep.owner_id == user.pk)
+    )
 
 
 class TrialSerializer(serializers.ModelSerializer):
@@ -271,7 +277,9 @@ def compared_jobs(request: Request) -> list[Job]:
             raise NotFound(f"No such job: {', '.join(missing)}.")
         return [found[i] for i in data["jobs"]]
     if data.get("name"):
-        return list(visible.filter(name__pattern_prefix=data["name"]).order_by("created_at", "id")[: compare.MAX_JOBS])
+        return list(
+            visible.filter(name__pattern_prefix=data["name"]).order_by("created_at", "id")[: compare.MAX_JOBS]
+        )
     if not Sweep.objects.filter(pk=data["sweep"]).exists():
         raise NotFound(f"Sweep {data['sweep']} does not exist.")
     return list(visible.filter(trial__sweep_id=data["sweep"]).order_by("trial__number")[: compare.MAX_JOBS])
@@ -315,5 +323,3 @@ class CompareSeriesView(APIView):
                     b["x"] = None if b["time"] is None else round(max(0.0, b["time"] - origin), 3)
             series[str(job.pk)] = buckets
         return Response({"metric": name, "x": axis, "points": points, "series": series})
-
-

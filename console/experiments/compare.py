@@ -183,7 +183,9 @@ def differing(jobs: Sequence[Job]) -> tuple[dict[str, dict[int, Any]], int]:
     differ: dict[str, dict[int, Any]] = {}
     same = 0
     for key in keys:
-        seen = {_canonical(values.get(key, None)) if key in values else "\0missing" for values in per_job.values()}
+        seen = {
+            _canonical(values.get(key, None)) if key in values else "\0missing" for values in per_job.values()
+        }
         if len(seen) > 1:
             differ[key] = {job_id: values.get(key) for job_id, values in per_job.items()}
         else:

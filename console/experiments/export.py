@@ -40,19 +40,19 @@ def _rows(job_id: int, names: list[str] | None) -> Iterator[tuple[int, int, int,
     points = Metric.objects.filter(job_id=job_id)
     if names:
         points = points.filter(name__in=names)
-    yield from points.order_by("name", "step", "round_number", "rank").values_list(
-        "round_number", "rank", "step", "name", "value", "time"
-    ).iterator(chunk_size=CHUNK_ROWS)
+    yield from (
+        points.order_by("name", "step", "round_number", "rank")
+        .values_list("round_number", "rank", "step", "name", "value", "time")
+        .iterator(chunk_size=CHUNK_ROWS)
+    )
 
 
 def _csv(job_id: int, names: list[str] | None) -> Iterator[str]:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
-    count = 0
-    for rnd, rank, step, name, value, time in _rows(job_id, names):
+    for count, (rnd, rank, step, name, value, time) in enumerate(_rows(job_id, names), 1):
         writer.writerow((rnd, rank, step, name, "" if math.isnan(value) else repr(value), time.isoformat()))
-        count += 1
         if count % 2000 == 0:
             yield buffer.getvalue()
             buffer.seek(0)
@@ -76,7 +76,7 @@ def _parquet(job_id: int, names: list[str] | None) -> Any:
             ("time", pa.timestamp("us", tz="UTC")),
         ]
     )
-    out = tempfile.SpooledTemporaryFile(max_size=32 << 20)
+    out = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115  (the response closes it)
     with pq.ParquetWriter(out, schema, compression="zstd") as writer:
         columns: list[list[Any]] = [[] for _ in COLUMNS]
         for row in _rows(job_id, names):
@@ -100,7 +100,11 @@ class MetricsExportView(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("job_id", int, OpenApiParameter.PATH), ExportQuery],
-        responses={200: OpenApiResponse(OpenApiTypes.BINARY, description="text/csv or application/vnd.apache.parquet")},
+        responses={
+            200: OpenApiResponse(
+                OpenApiTypes.BINARY, description="text/csv or application/vnd.apache.parquet"
+            )
+        },
     )
     def get(self, request: Request, job_id: int) -> Any:
         job = visible_jobs(request.user).filter(pk=job_id).first()

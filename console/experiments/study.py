@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -45,7 +45,7 @@ class Settings:
     space: dict[str, Any]
     sampler: str  # "grid" | "random" | "tpe"
     seed: int
-    direction: str  # "minimize" | "maximize"
+    direction: Literal["minimize", "maximize"]
     pruner: str  # "none" | "median" | "successive_halving"
     pruner_options: dict[str, Any] = field(default_factory=dict)
 

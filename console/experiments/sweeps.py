@@ -11,6 +11,7 @@ controller killed mid-pass loses nothing: the transaction rolls back and the nex
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Iterable
@@ -44,7 +45,7 @@ def settings_of(sweep: Sweep) -> study.Settings:
         space=sweep.space,
         sampler=sweep.sampler,
         seed=sweep.seed,
-        direction=sweep.direction,
+        direction="maximize" if sweep.direction == "maximize" else "minimize",
         pruner=sweep.pruner,
         pruner_options=sweep.pruner_options,
     )
@@ -170,13 +171,14 @@ def advance(sweep: Sweep) -> None:
     if sweep.pruner != "none":
         prune_losers(sweep, trials)
     start_trials(sweep, trials)
-    if not any(t.live for t in trials):
-        if len(trials) >= sweep.max_trials or study.grid_exhausted(
-            settings_of(sweep), [record_of(t) for t in trials]
-        ):
-            best = best_trial(sweep, trials)
-            note = f"Best: trial {best.number} ({sweep.objective} {best.value:.6g})." if best else ""
-            _end(sweep, SweepState.SUCCEEDED, f"Every trial ran. {note}".strip())
+    if any(t.live for t in trials) or sweep.state != SweepState.RUNNING:
+        return
+    if len(trials) >= sweep.max_trials or study.grid_exhausted(
+        settings_of(sweep), [record_of(t) for t in trials]
+    ):
+        best = best_trial(sweep, trials)
+        note = f"Best: trial {best.number} ({sweep.objective} {best.value:.6g})." if best else ""
+        _end(sweep, SweepState.SUCCEEDED, f"Every trial ran. {note}".strip())
 
 
 def collect_reports(sweep: Sweep, running: Iterable[Trial]) -> None:
@@ -233,7 +235,7 @@ def prune_losers(sweep: Sweep, trials: list[Trial]) -> None:
     settings = settings_of(sweep)
     records = [record_of(t) for t in trials]
     for trial in [t for t in trials if t.live and t.last_step is not None]:
-        if trial.checked_step is not None and trial.last_step <= trial.checked_step:
+        if trial.checked_step is not None and (trial.last_step or 0) <= trial.checked_step:
             continue
         verdict = study.judge(settings, records, trial.number, trial.checked_step)
         trial.checked_step = verdict.checked_step
@@ -244,7 +246,9 @@ def prune_losers(sweep: Sweep, trials: list[Trial]) -> None:
             trial.save(update_fields=["checked_step", "system_attrs"])
             continue
         value = trial.intermediate.get(str(verdict.prune_at))
-        message = f"Pruned at step {verdict.prune_at} ({sweep.objective} {value:.6g}): losing to the other trials."
+        message = (
+            f"Pruned at step {verdict.prune_at} ({sweep.objective} {value:.6g}): losing to the other trials."
+        )
         if trial.job is not None:
             events.emit("sweep.trial_pruned", message, job=trial.job, sweep=sweep.pk, trial=trial.number)
             _stop_trial_job(trial, None)
@@ -256,10 +260,8 @@ def prune_losers(sweep: Sweep, trials: list[Trial]) -> None:
 def _stop_trial_job(trial: Trial, actor: Any) -> None:
     if trial.job is None or trial.job.job_state.is_terminal:
         return
-    try:
+    with contextlib.suppress(job_actions.ControlError):  # it ended meanwhile
         job_actions.stop_job(trial.job.pk, actor)
-    except job_actions.ControlError:
-        pass  # it ended meanwhile
 
 
 def start_trials(sweep: Sweep, trials: list[Trial]) -> None:
@@ -270,9 +272,7 @@ def start_trials(sweep: Sweep, trials: list[Trial]) -> None:
         if study.grid_exhausted(settings, records):
             return
         asked = study.ask(settings, records)
-        trial = Trial(
-            sweep=sweep, number=len(trials), params=asked.params, system_attrs=asked.system_attrs
-        )
+        trial = Trial(sweep=sweep, number=len(trials), params=asked.params, system_attrs=asked.system_attrs)
         try:
             with transaction.atomic():
                 job = build_job(trial_spec(sweep, trial.number, asked.params), sweep.owner)
