@@ -16,6 +16,7 @@ from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -94,9 +95,22 @@ def _parquet(job_id: int, names: list[str] | None) -> Any:
     return out
 
 
+class FileFormat(BaseContentNegotiation):
+    """``?format=`` names the file here, not a DRF renderer (which would answer 404 to "csv"):
+    errors are JSON whatever it says."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
 class MetricsExportView(APIView):
     """Every raw point of a job's metrics (or of ``name``'s), as CSV (streamed) or Parquet:
     columns round, rank, step, name, value (empty / null for NaN), time (UTC)."""
+
+    content_negotiation_class = FileFormat
 
     @extend_schema(
         parameters=[OpenApiParameter("job_id", int, OpenApiParameter.PATH), ExportQuery],

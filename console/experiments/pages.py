@@ -43,7 +43,9 @@ def _chosen(request: HttpRequest) -> tuple[list[Job], str, str]:
         return jobs, urlencode({"jobs": ",".join(str(j.pk) for j in jobs)}), error
     if request.GET.get("name"):
         name = request.GET["name"][:128]
-        jobs = list(visible.filter(name__pattern_prefix=name).order_by("created_at", "id")[: compare.MAX_JOBS])
+        jobs = list(
+            visible.filter(name__pattern_prefix=name).order_by("created_at", "id")[: compare.MAX_JOBS]
+        )
         return jobs, urlencode({"name": name}), "" if jobs else f"No job's name starts with {name!r}."
     if request.GET.get("sweep", "").isdigit():
         sweep = int(request.GET["sweep"])

@@ -46,12 +46,16 @@ def tracker_links(job: Job) -> list[dict[str, Any]]:
                 }
             )
         else:
-            run, uri, experiment = (str(data.get(k, ""))[:512] for k in ("run_id", "tracking_uri", "experiment_id"))
+            run, uri, experiment = (
+                str(data.get(k, ""))[:512] for k in ("run_id", "tracking_uri", "experiment_id")
+            )
             key = ("mlflow", run)
             if not run or key in seen:
                 continue
             seen.add(key)
             base = safe_url(uri)
             url = f"{base.rstrip('/')}/#/experiments/{quote(experiment)}/runs/{quote(run)}" if base else None
-            found.append({"kind": "MLflow", "rank": rank, "text": f"run {run} at {uri}", "command": None, "url": url})
+            found.append(
+                {"kind": "MLflow", "rank": rank, "text": f"run {run} at {uri}", "command": None, "url": url}
+            )
     return found
