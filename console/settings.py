@@ -289,4 +289,6 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
     "JobStateEnum": "console.core.states.JobState",
     "NodeStateEnum": "console.core.states.NodeState",
     "AllocationStateEnum": "console.jobs.models.AllocationState",
+    "SweepStateEnum": "console.experiments.models.SweepState",
+    "TrialStateEnum": "console.experiments.models.TrialState",
 }

@@ -24,6 +24,7 @@ from console.experiments.models import Direction, Pruner, Sampler, Sweep, Trial,
 from console.jobs import actions as job_actions
 from console.jobs.api import IsOperatorOrReadOnly
 from console.jobs.models import Job
+from console.telemetry.api import BucketSerializer
 from console.telemetry.downsample import MAX_QUERY_POINTS, query_series
 
 MAX_TRIALS = 1000
@@ -263,6 +264,53 @@ class CompareQuery(serializers.Serializer):
         return attrs
 
 
+class ComparedJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    owner = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    progress = serializers.DictField()
+    trial = serializers.DictField(allow_null=True, help_text="{sweep, number, state} of a sweep's trial")
+
+
+class MetricStatSerializer(serializers.Serializer):
+    final = serializers.FloatField(allow_null=True, help_text="The value at the last step (null: not finite)")
+    final_step = serializers.IntegerField(allow_null=True)
+    best = serializers.FloatField(allow_null=True)
+    best_step = serializers.IntegerField(allow_null=True, help_text="The first step with the best value")
+    points = serializers.IntegerField()
+
+
+class ComparedMetricSerializer(serializers.Serializer):
+    higher_is_better = serializers.BooleanField()
+    jobs = serializers.DictField(child=MetricStatSerializer(), help_text="By job id")
+
+
+class ComparisonSerializer(serializers.Serializer):
+    jobs = ComparedJobSerializer(many=True)
+    hyperparameters = serializers.DictField(
+        child=serializers.DictField(allow_null=True), help_text="{key: {job id: value}}, the keys that differ"
+    )
+    same_hyperparameters = serializers.IntegerField(help_text="How many keys are the same in every job")
+    metrics = serializers.DictField(child=ComparedMetricSerializer())
+
+
+class CompareBucketSerializer(BucketSerializer):
+    x = serializers.FloatField(
+        required=False, allow_null=True, help_text="x=time: seconds since the job started"
+    )
+
+
+class CompareSeriesSerializer(serializers.Serializer):
+    metric = serializers.CharField()
+    x = serializers.ChoiceField(choices=["step", "time"])
+    points = serializers.IntegerField()
+    series = serializers.DictField(child=CompareBucketSerializer(many=True), help_text="Buckets by job id")
+
+
 def compared_jobs(request: Request) -> list[Job]:
     """The jobs a comparison request names, in its order (ids), by age (a name prefix) or trial
     number (a sweep); 404 for ids the caller may not see or that do not exist."""
@@ -290,7 +338,7 @@ class CompareView(APIView):
     each metric's final value and best value (the highest for accuracy-like names, else the
     lowest) per job. Name the jobs by ``jobs`` (ids), ``name`` (a prefix) or ``sweep``."""
 
-    @extend_schema(parameters=[CompareQuery])
+    @extend_schema(parameters=[CompareQuery], responses={200: ComparisonSerializer})
     def get(self, request: Request) -> Response:
         return Response(compare.comparison(compared_jobs(request)))
 
@@ -306,7 +354,7 @@ class CompareSeriesView(APIView):
     mean, count; as /jobs/{id}/metrics/). With ``x=time`` each bucket also has ``x``: seconds since
     the job started (its first point when it has no start time)."""
 
-    @extend_schema(parameters=[CompareQuery, CompareSeriesQuery])
+    @extend_schema(parameters=[CompareQuery, CompareSeriesQuery], responses={200: CompareSeriesSerializer})
     def get(self, request: Request) -> Response:
         jobs = compared_jobs(request)
         params = CompareSeriesQuery(data=request.query_params)
