@@ -54,8 +54,14 @@ def _chosen(request: HttpRequest) -> tuple[list[Job], str, str]:
     return [], "", "Pick jobs to compare on the Jobs page (their checkboxes), or give ?jobs=3,5,8."
 
 
+# Per-layer gradient norms (the SDK's grad_norm/<layer>): dozens of series the job page shows on
+# demand only; the comparison's table still has them.
+LAYER_PREFIX = "grad_norm/"
+
+
 def _metric_order(names: set[str]) -> list[str]:
-    """Losses first (the chart people look at first), then the rest by name."""
+    """Losses first (the chart people look at first), then the rest by name; no per-layer norms."""
+    names = {n for n in names if not n.startswith(LAYER_PREFIX)}
     return sorted(names, key=lambda n: (not (LOSS_NAME.search(n) and not n.startswith("grad")), n))
 
 

@@ -18,7 +18,7 @@ function css(name, fallback) {
 }
 
 // An axis for values: numbers (linear or log) or categories (evenly spaced, in the given order).
-export function axisFor(values, { log = false, categories = null } = {}) {
+export function axisFor(values, { log = false, categories = null, integer = false } = {}) {
   if (categories) {
     const keys = categories.map((c) => JSON.stringify(c));
     const n = Math.max(1, keys.length - 1);
@@ -33,13 +33,14 @@ export function axisFor(values, { log = false, categories = null } = {}) {
   let a = f(lo), b = f(hi);
   if (a === b) { a -= 0.5; b += 0.5; }
   const at = (v) => (typeof v === "number" && Number.isFinite(v) && (!log || v > 0) ? (f(v) - a) / (b - a) : null);
-  const ticks = [0, 0.5, 1].map((t) => [t, formatNumber(log ? 10 ** (a + t * (b - a)) : a + t * (b - a))]);
+  const label = (v) => (integer ? String(Math.round(v)) : formatNumber(v));
+  const ticks = [0, 0.5, 1].map((t) => [t, label(log ? 10 ** (a + t * (b - a)) : a + t * (b - a))]);
   return { at, ticks };
 }
 
 // points: [{x, y, filled, label}]; x and y are axes from axisFor.
 export function scatter(container, { title, xLabel, yLabel, points, xAxis, yAxis, width = 360, height = 220 }) {
-  const pad = { left: 64, right: 12, top: 10, bottom: 40 };
+  const pad = { left: 64, right: 28, top: 10, bottom: 40 };
   const w = width - pad.left - pad.right, h = height - pad.top - pad.bottom;
   const fg = css("--muted", "#8791a0"), line = css("--line", "#2a313c"), accent = css("--accent", "#4aa3ff");
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img", "aria-label": `${title}: ${points.length} trials` });
@@ -48,7 +49,8 @@ export function scatter(container, { title, xLabel, yLabel, points, xAxis, yAxis
   g.append(el("rect", { x: 0, y: 0, width: w, height: h, fill: "none", stroke: line }));
   for (const [t, text] of xAxis.ticks) {
     g.append(el("line", { x1: t * w, x2: t * w, y1: h, y2: h + 4, stroke: fg }));
-    g.append(el("text", { x: t * w, y: h + 16, fill: fg, "font-size": 11, "text-anchor": "middle" }, text));
+    const anchor = t <= 0 ? "start" : t >= 1 ? "end" : "middle";
+    g.append(el("text", { x: t * w, y: h + 16, fill: fg, "font-size": 11, "text-anchor": anchor }, text));
   }
   for (const [t, text] of yAxis.ticks) {
     g.append(el("line", { x1: -4, x2: 0, y1: h - t * h, y2: h - t * h, stroke: fg }));

@@ -82,7 +82,7 @@ function renderPlots(sweep) {
   };
   scatter(box("trial"), {
     title: `${sweep.objective} by trial`, xLabel: "trial", yLabel: sweep.objective,
-    points: points((t) => t.number), xAxis: axisFor(sweep.trials.map((t) => t.number)), yAxis,
+    points: points((t) => t.number), xAxis: axisFor(sweep.trials.map((t) => t.number), { integer: true }), yAxis,
   });
   for (const [name, spec] of Object.entries(sweep.space)) {
     const categories = categoriesOf(spec);
