@@ -79,12 +79,13 @@ def test_plain_script_scalars_and_sdk_mirror(live_console: LiveConsole, tmp_path
     assert wait_for(stored, timeout=60, message="40 loss points") == list(range(40))
     assert Metric.objects.filter(job=plain, name="lr/base").count() == 40
     assert set(Metric.objects.filter(job=plain).values_list("rank", flat=True)) == {0}
+
     # Progress from their steps (the heartbeats' last step), the page charts them.
-    wait_for(
-        lambda: (plain.refresh_from_db() or plain.progress.get("step")) == 39,
-        timeout=60,
-        message="progress 39",
-    )
+    def progress_step() -> bool:
+        plain.refresh_from_db()
+        return plain.progress.get("step") == 39
+
+    wait_for(progress_step, timeout=60, message="progress 39")
     page = APIClient()
     page.force_login(User.objects.get(username="tb-operator"))
     html = page.get(f"/jobs/{plain.pk}/").content.decode()
