@@ -167,3 +167,36 @@ def test_cli_compare_prints_the_table(console_url: str, tmp_path: Path) -> None:
     assert json.loads(as_json.stdout)["hyperparameters"] == {"lr": {str(a.pk): 0.1, str(b.pk): 0.2}}
     missing = subprocess.run([cli, "compare", "999999"], env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 3 and "999999" in missing.stderr
+
+
+def test_tracker_links_only_for_http_urls(three: list[Job], viewer: User) -> None:
+    """The tracker events come from the job's own process: a hostile one must not plant a link."""
+    from console.telemetry.models import Event
+
+    job = three[0]
+    data = {"experiment_id": "4", "run_id": "abc", "rank": 0}
+    Event.objects.create(
+        job=job, kind="tracker.mlflow", message="m", data={**data, "tracking_uri": "javascript:alert(1)//"}
+    )
+    Event.objects.create(
+        job=job,
+        kind="tracker.mlflow",
+        message="m",
+        data={**data, "run_id": "def", "tracking_uri": "https://mlflow.example"},
+    )
+    Event.objects.create(
+        job=job,
+        kind="tracker.tensorboard",
+        message="t",
+        data={"logdir": "/ckpt/tb/round-1/rank-0", "host": "h1", "rank": 0},
+    )
+    client = APIClient()
+    client.force_login(viewer)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'href="https://mlflow.example/#/experiments/4/runs/def"' in html
+    assert "javascript:" not in html.split('id="tracker-list"')[1].split("</ul>")[0].replace(
+        "run abc at javascript:alert(1)//", ""
+    )
+    assert 'href="javascript' not in html
+    assert "tensorboard --logdir /ckpt/tb/round-1/rank-0" in html
+    assert f"/api/v1/jobs/{job.pk}/metrics/export/?format=parquet" in html

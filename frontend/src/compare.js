@@ -68,15 +68,23 @@ class ComparePage {
   }
 
   // The first chart from the preloaded request (same URL and credentials as the <link rel=preload>,
-  // so Chromium reuses it), then the rest a few at a time.
-  async load() {
-    if (!config.metrics.length) return;
+  // so Chromium reuses it) and alone: on a busy server nothing queues before it. Then
+  // ``afterFirst`` (the tables) and the rest a few at a time.
+  async load(afterFirst) {
+    if (!config.metrics.length) {
+      afterFirst();
+      return;
+    }
     const [first, ...rest] = config.metrics;
     for (const metric of config.metrics) this.chart(metric);
-    const response = await fetch(config.first_url || this.url(first), { credentials: "same-origin" });
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    this.apply(first, (await response.json()).series || {});
-    this.restoreZoom();
+    try {
+      const response = await fetch(config.first_url || this.url(first), { credentials: "same-origin" });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      this.apply(first, (await response.json()).series || {});
+      this.restoreZoom();
+    } finally {
+      afterFirst();
+    }
     const queue = [...rest];
     const worker = async () => {
       while (queue.length) {
@@ -193,8 +201,9 @@ function renderTables(data) {
 
 if (config.jobs.length) {
   const page = new ComparePage();
-  page.load().catch((err) => { $("charts-error").textContent = `Charts could not load: ${err.message}`; });
-  getJSON(`/api/v1/compare/?${config.query}`).then(renderTables).catch((err) => {
-    $("charts-error").textContent = `The tables could not load: ${err.message}`;
-  });
+  const tables = () =>
+    getJSON(`/api/v1/compare/?${config.query}`).then(renderTables).catch((err) => {
+      $("charts-error").textContent = `The tables could not load: ${err.message}`;
+    });
+  page.load(tables).catch((err) => { $("charts-error").textContent = `Charts could not load: ${err.message}`; });
 }
