@@ -120,6 +120,17 @@ def first_chart_ms(browser: Any, base: str, cookie: str, ids: list[int]) -> floa
         mark = "chart-drawn:m-loss"
         page.wait_for_function(f"() => performance.getEntriesByName('{mark}').length > 0", timeout=60000)
         drawn = page.evaluate(f"() => performance.getEntriesByName('{mark}')[0].startTime")
+        parts = page.evaluate(
+            """() => {
+              const nav = performance.getEntriesByType('navigation')[0];
+              const series = performance.getEntriesByType('resource').find((r) => r.name.includes('/compare/series/'));
+              const script = performance.getEntriesByType('resource').find((r) => r.name.includes('compare.js'));
+              return {html: nav.responseEnd, script: script ? script.responseEnd : null,
+                      series_start: series ? series.startTime : null, series_ttfb: series ? series.responseStart : null,
+                      series_end: series ? series.responseEnd : null};
+            }"""
+        )
+        print(f"    ({', '.join(f'{k} {v:.0f}' for k, v in parts.items() if v is not None)} ms)", flush=True)
         lines = page.evaluate("() => document.querySelectorAll('#compare-jobs tbody tr').length")
         if lines != len(ids):
             raise RuntimeError(f"the page lists {lines} jobs, not {len(ids)}")
