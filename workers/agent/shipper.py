@@ -156,6 +156,7 @@ class TelemetryShipper(threading.Thread):
         telemetry: Path,
         stdout: Path,
         stderr: Path,
+        *,
         scalars: ScalarFiles | None = None,
     ) -> None:
         key = (job_id, round_, rank)
