@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from workers.agent.tensorboard import ScalarFiles
+from workers.agent.tensorboard import ScalarFiles, marker_scalars
 from workers.protocol import TELEMETRY_STREAM
 
 logger = logging.getLogger(__name__)
@@ -490,15 +490,6 @@ def read_marker(marker: Path) -> list[dict[str, Any]]:
         part_key(part)
         part["offsets"] = {name: int(part["offsets"][name]) for name in ("telemetry", "stdout", "stderr")}
     return parts
-
-
-def marker_scalars(marker: Path) -> list[str]:
-    """The TensorBoard event files a marked rank's scalars came from."""
-    try:
-        found = json.loads(marker.read_text()).get("tensorboard", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [str(path) for path in found] if isinstance(found, list) else []
 
 
 def part_key(part: dict[str, Any]) -> RankKey:

@@ -205,6 +205,18 @@ class ScalarFiles:
             self.broken.add(path)
 
 
+def marker_scalars(marker: Path) -> list[str]:
+    """The event files a rank's shipping marker (workers/agent/shipper.py) lists: what a previous
+    agent had found for it."""
+    import json
+
+    try:
+        found = json.loads(marker.read_text()).get("tensorboard", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(path) for path in found] if isinstance(found, list) else []
+
+
 def _event_files(root: Path, depth: int) -> list[Path]:
     """Event files under ``root`` up to ``depth`` directories down, at most MAX_SCAN_ENTRIES
     entries looked at (a runs/ directory with years of history costs a bounded scan)."""
