@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -345,7 +346,7 @@ class CompareView(APIView):
 
 class CompareSeriesQuery(serializers.Serializer):
     metric = serializers.CharField(max_length=128)
-    points = serializers.IntegerField(required=False, min_value=1, max_value=MAX_QUERY_POINTS, default=600)
+    points = serializers.IntegerField(required=False, min_value=1, max_value=MAX_QUERY_POINTS, default=300)
     x = serializers.ChoiceField(choices=["step", "time"], default="step")
 
 
@@ -355,7 +356,7 @@ class CompareSeriesView(APIView):
     the job started (its first point when it has no start time)."""
 
     @extend_schema(parameters=[CompareQuery, CompareSeriesQuery], responses={200: CompareSeriesSerializer})
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> HttpResponse:
         jobs = compared_jobs(request)
         params = CompareSeriesQuery(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -370,4 +371,7 @@ class CompareSeriesView(APIView):
                 for b in buckets:
                     b["x"] = None if b["time"] is None else round(max(0.0, b["time"] - origin), 3)
             series[str(job.pk)] = buckets
-        return Response({"metric": name, "x": axis, "points": points, "series": series})
+        # Ten jobs' buckets are tens of thousands of values: orjson writes them several times
+        # faster than the JSON renderer (the first chart waits for this answer).
+        body = orjson.dumps({"metric": name, "x": axis, "points": points, "series": series})
+        return HttpResponse(body, content_type="application/json")
