@@ -221,8 +221,10 @@ def run_sweep(console: Any, pruner: str, log: Any) -> dict[str, Any]:
         f"  sweep ({pruner}): {detail['state']} in {time.monotonic() - started:.0f} s, {seconds:.0f} trial-seconds, "
         f"{detail['counts']['PRUNED']} pruned, best trial {best.get('number')} ({best.get('value')})"
     )
+    log(f"    of which from first step to end: {training:.0f} s")
     return {
         "seconds": seconds,
+        "training": training,
         "best": best.get("number"),
         "state": detail["state"],
         "value": best.get("value"),
