@@ -143,8 +143,8 @@ def first_chart_ms(browser: Any, base: str, cookie: str, ids: list[int]) -> floa
 def measure_compare(console: Any, reps: int, log: Any) -> dict[str, Any]:
     from django.contrib.auth.models import User
 
-    from console.telemetry.testing import session_cookie
     from tests.support.browser import chromium
+    from tests.support.telemetry import session_cookie
 
     ids = seed_jobs(log)
     cookie = session_cookie(User.objects.create_user(f"bench-{uuid.uuid4().hex[:6]}", password="bench-pw-1"))
