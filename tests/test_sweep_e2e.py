@@ -104,6 +104,11 @@ def test_sweep_prunes_resumes_and_its_trials_compare(live_console: LiveConsole) 
             page.wait_for_function(
                 "() => performance.getEntriesByName('chart-drawn:m-test_loss').length > 0", timeout=30000
             )
+            # Every other chart loads after the first (a few requests at a time).
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#charts .chart-empty')].every((e) => e.hidden)",
+                timeout=30000,
+            )
             expect(page.locator("#hp-table tbody tr")).to_have_count(2)  # hidden and lr differ
             expect(page.locator("#hp-table")).to_contain_text("1e-5")
             expect(page.locator("#values-table")).to_contain_text("test_loss (lower is better)")
