@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "console.cluster",
     "console.jobs",
     "console.telemetry",
+    "console.experiments",
     "console.api",
     "console.web",
     # Swagger UI's assets, served by the console (no CDN): the API docs page.
@@ -227,6 +228,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": CONTROLLER_TICK,
         "options": {"expires": 5},
     },
+    # Running sweeps: trials settled, pruned and started (console/experiments/sweeps.py).
+    "controller-sweeps": {
+        "task": "trainyard.control.sweeps",
+        "schedule": CONTROLLER_TICK,
+        "options": {"expires": 5},
+    },
     # Old raw points and log lines past retention are rolled up (summary rows stay).
     "telemetry-rollup": {
         "task": "trainyard.telemetry.rollup",
@@ -282,4 +289,6 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
     "JobStateEnum": "console.core.states.JobState",
     "NodeStateEnum": "console.core.states.NodeState",
     "AllocationStateEnum": "console.jobs.models.AllocationState",
+    "SweepStateEnum": "console.experiments.models.SweepState",
+    "TrialStateEnum": "console.experiments.models.TrialState",
 }

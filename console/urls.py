@@ -10,6 +10,7 @@ urlpatterns = [
     path("metrics", PrometheusView.as_view(), name="prometheus"),
     path("", include("console.api.page_urls")),
     path("", include("console.web.urls")),
+    path("", include("console.experiments.page_urls")),
 ]
 
 # JSON under /api/, Django's pages elsewhere (console/api/errors.py).

@@ -29,6 +29,7 @@ from rest_framework.test import APIClient
 from console.api.models import ApiToken
 from console.cluster import tokens
 from console.cluster.models import Node
+from console.experiments.models import Sweep
 from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
 
@@ -90,6 +91,20 @@ GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 403  401
 *      /api/v1/jobs/{job}/metrics/roles/   401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 403  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/series/  401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/sweeps/                     401 200 200 200  200 403 403 403  401 401 401
+POST   /api/v1/sweeps/                     401 403 201 201  403 201 403 403  401 401 401
+*      /api/v1/sweeps/                     401 403 405 405  403 405 403 403  401 401 401
+GET    /api/v1/sweeps/{sweep}/             401 200 200 200  200 403 403 403  401 401 401
+*      /api/v1/sweeps/{sweep}/             401 403 405 405  403 405 403 403  401 401 401
+GET    /api/v1/sweeps/{sweep}/stop/        401 405 405 405  405 403 403 403  401 401 401
+POST   /api/v1/sweeps/{sweep}/stop/        401 403 200 200  403 200 403 403  401 401 401
+*      /api/v1/sweeps/{sweep}/stop/        401 403 405 405  403 405 403 403  401 401 401
+GET    /api/v1/compare/                    401 400 400 400  400 403 403 403  401 401 401
+*      /api/v1/compare/                    401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/compare/series/             401 400 400 400  400 403 403 403  401 401 401
+*      /api/v1/compare/series/             401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/jobs/{job}/metrics/export/  401 200 200 200  200 403 403 403  401 401 401
+*      /api/v1/jobs/{job}/metrics/export/  401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/nodes/                      401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/nodes/                      401 403 405 405  403 403 405 403  401 401 401
 GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 403  401 401 401
@@ -196,6 +211,14 @@ class World:
             name="m-job", workload="digits-mlp", min_nodes=1, max_nodes=2, desired_nodes=2
         )
         self.node = Node.objects.create(name="m-node", state="ONLINE")
+        self.sweep = Sweep.objects.create(
+            name="m-sweep",
+            owner=self.operator,
+            spec={"workload": "digits-mlp"},
+            space={"lr": [0.1]},
+            objective="loss",
+            max_trials=1,
+        )
         self.bundle = store_bundle(SimpleUploadedFile("b.tar.gz", small_archive()), self.operator)
         # m-node runs a job of the bundle; m-other runs nothing.
         bundled = Job.objects.create(name="m-bundled", bundle=self.bundle, entrypoint="train.py")
@@ -211,6 +234,7 @@ class World:
             bundle=self.bundle.pk,
             sha=self.bundle.sha256,
             token=self.probe_token.pk,
+            sweep=self.sweep.pk,
         )
 
     def client_for(self, column: str) -> APIClient:
@@ -235,6 +259,15 @@ def body_for(method: str, path: str, world: World) -> dict[str, Any]:
         return {"data": {"name": "m-new", "workload": "digits-mlp"}, "format": "json"}
     if path.endswith("/resize/"):
         return {"data": {"nodes": 1}, "format": "json"}
+    if path == "/api/v1/sweeps/":
+        sweep = {
+            "name": "m-new",
+            "job": {"workload": "digits-mlp"},
+            "space": {"lr": [0.1]},
+            "objective": "loss",
+            "max_trials": 1,
+        }
+        return {"data": sweep, "format": "json"}
     if path == "/api/v1/nodes/join-tokens/":
         return {"data": {"name": "m-join"}, "format": "json"}
     if path == "/api/v1/tokens/":
@@ -282,7 +315,7 @@ def test_the_matrix_covers_every_api_endpoint() -> None:
     reached = set()
     for path in covered:
         if path.startswith("/api/"):
-            sample = path.format(job=1, node=1, bundle=1, sha="a" * 64, token=1)
+            sample = path.format(job=1, node=1, bundle=1, sha="a" * 64, token=1, sweep=1)
             reached.add(resolve(sample).url_name)
     assert names - reached == set()
 

@@ -323,6 +323,13 @@ ENV_PRECISION = "TRAINYARD_PRECISION"
 ENV_GRAD_ACCUM = "TRAINYARD_GRAD_ACCUM_STEPS"
 ENV_STRATEGY = "TRAINYARD_STRATEGY"
 ENV_NODE = "TRAINYARD_NODE"
+# Where the rank may write TensorBoard event files (one directory per rank of a round, under the
+# job's checkpoint directory, so `tensorboard --logdir` on it shows every rank and round): the agent
+# reads their scalars and ships them as metric records (workers/agent/tensorboard.py), as it does
+# the event files a rank's process writes under `runs/` in its working directory.
+ENV_TENSORBOARD_DIR = "TRAINYARD_TENSORBOARD_DIR"
+# Trackers sdk.log mirrors to (comma-separated: "tensorboard", "mlflow"); workers/sdk/trackers.py.
+ENV_TRACKERS = "TRAINYARD_TRACKERS"
 # Each rank's control file (workers/sdk/elastic_control.py): the agent writes the round the rank is in
 # (job_id, round, rank (-1 = leave), local_rank, world_size, master_addr, master_port); the SDK
 # writes its InplaceStatus (with round, step) to the same path plus ".state".

@@ -76,6 +76,7 @@ class BucketSerializer(serializers.Serializer):
     max = serializers.FloatField(allow_null=True)
     mean = serializers.FloatField(allow_null=True)
     count = serializers.IntegerField()
+    time = serializers.FloatField(allow_null=True, help_text="Unix time of the bucket's first point")
 
 
 class MetricsSerializer(serializers.Serializer):

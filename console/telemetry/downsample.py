@@ -74,6 +74,7 @@ class Bucket:
     max: float
     mean: float
     count: int
+    time: float | None = None  # Unix time of the bucket's first point (the comparison's time axis)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class Bucket:
             "max": finite_or_none(self.max),
             "mean": finite_or_none(self.mean),
             "count": self.count,
+            "time": self.time,
         }
 
 
@@ -178,6 +180,7 @@ def _buckets(sql: str, params: dict[str, Any]) -> list[Bucket]:
             max=float(r[3]),
             mean=float(r[4]) / int(r[5]),
             count=int(r[5]),
+            time=r[6].timestamp() if r[6] is not None else None,
         )
         for r in rows
     ]
@@ -195,14 +198,15 @@ def _from_tiles(
     full_end = ((hi + 1) // ROLLUP_STEPS) * ROLLUP_STEPS - 1
     rank_filter, scope = _scope(rank, members)
     sql = f"""
-        SELECT min(s), max(ls), min(lo_v), max(hi_v), sum(total), sum(n)
+        SELECT min(s), max(ls), min(lo_v), max(hi_v), sum(total), sum(n), min(t)
         FROM (
-            SELECT bucket_step AS s, last_step AS ls, min_value AS lo_v, max_value AS hi_v, total, count AS n
+            SELECT bucket_step AS s, last_step AS ls, min_value AS lo_v, max_value AS hi_v, total, count AS n,
+                first_time AS t
             FROM telemetry_metricrollup
             WHERE job_id = %(job)s AND name = %(name)s
                 AND bucket_step >= %(full_lo)s AND bucket_step + {ROLLUP_STEPS - 1} <= %(hi)s {rank_filter}
             UNION ALL
-            SELECT step, step, value, value, value, 1
+            SELECT step, step, value, value, value, 1, time
             FROM telemetry_metric
             WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(lo)s AND %(hi)s
                 AND (step < %(full_lo)s OR step > %(full_end)s) {rank_filter}
@@ -251,7 +255,7 @@ def query_series(
         return _from_tiles(job_id, name, lo, hi, points, rank, members)
     rank_filter, scope = _scope(rank, members)
     sql = f"""
-        SELECT min(step), max(step), min(value), max(value), sum(value), count(*)
+        SELECT min(step), max(step), min(value), max(value), sum(value), count(*), min(time)
         FROM telemetry_metric
         WHERE job_id = %(job)s AND name = %(name)s AND step BETWEEN %(lo)s AND %(hi)s {rank_filter}
         GROUP BY (step - %(lo)s) * %(points)s / %(span)s

@@ -17,6 +17,7 @@ from console.api.pagination import decode_cursor, encode_cursor, key_of, keyset_
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
+from console.experiments.trackers import tracker_links
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
@@ -205,6 +206,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "role_rows": role_rows(job, current) if job.is_parameter_server else [],
             "can_operate": is_operator(request.user),
             "terminal": job.job_state.is_terminal,
+            "trackers": tracker_links(job),
             "nav": "jobs",
         },
     )

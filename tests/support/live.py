@@ -24,6 +24,7 @@ class LiveConsole:
     url: str
     agents: AgentProcs
     root: Path
+    controller: Controller
 
     def start_agents(self, *names: str) -> None:
         from console.cluster.models import Node
@@ -62,7 +63,7 @@ def live_console(console_url: str, tmp_path: Path) -> Iterator[LiveConsole]:
     agents = AgentProcs(tmp_path, url, token=settings.NODE_TOKEN, warm_pool=0)
     controller.start()
     try:
-        yield LiveConsole(console_url, agents, tmp_path)
+        yield LiveConsole(console_url, agents, tmp_path, controller)
     finally:
         agents.cleanup()
         controller.kill()  # its state is in PostgreSQL: nothing to wind down at the end of a test

@@ -53,6 +53,7 @@ from workers.agent.launcher import (
 from workers.agent.lifecycle import LocalRound, LocalState, Rank
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
+from workers.agent.tensorboard import scalar_files
 from workers.agent.warmpool import WarmPool
 from workers.protocol import RankExit, RankState, RoundSpec
 
@@ -192,7 +193,13 @@ class RoundActor:
         rank = Rank(local_rank, global_rank(spec, local_rank), files, handler, origin_round=spec["round"])
         local.ranks.append(rank)
         self._shipper.add(
-            spec["job_id"], spec["round"], rank.rank, files.telemetry, files.stdout, files.stderr
+            spec["job_id"],
+            spec["round"],
+            rank.rank,
+            files.telemetry,
+            files.stdout,
+            files.stderr,
+            scalars=scalar_files(spec, env, command.cwd, handler.proc.pid),
         )
         return how
 

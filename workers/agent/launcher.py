@@ -193,7 +193,15 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
     )
     if "ps" in spec:
         env.update(ps_env(config, spec, local_rank))
+    if not spec["env"].get(protocol.ENV_TENSORBOARD_DIR):
+        env[protocol.ENV_TENSORBOARD_DIR] = str(tensorboard_dir(config, spec, rank))
     return env
+
+
+def tensorboard_dir(config: AgentConfig, spec: RoundSpec, rank: int) -> Path:
+    """The rank's own TensorBoard directory: the job's checkpoint directory (shared storage on a
+    cluster) holds every rank of every round, so ``tensorboard --logdir`` on it shows them all."""
+    return config.checkpoint_dir(spec["run_id"]) / "tensorboard" / f"round-{spec['round']}" / f"rank-{rank}"
 
 
 def write_rank_control(path: Path, spec: RoundSpec, local_rank: int) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from workers.agent.tensorboard import ScalarFiles, marker_scalars
 from workers.protocol import TELEMETRY_STREAM
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class _Source:
     next_key: RankKey | None = None  # carried into an in-place round: the key from the next read
     parts: list[dict[str, Any]] = field(default_factory=list)  # the marker's content
     keys: list[RankKey] = field(default_factory=list)  # every key its records went under
+    scalars: ScalarFiles | None = None  # its TensorBoard event files (workers/agent/tensorboard.py)
 
     def part(self) -> dict[str, Any]:
         """Where the files' part under the current key begins (read on the shipper's thread)."""
@@ -146,10 +148,25 @@ class TelemetryShipper(threading.Thread):
         self.connected = True
 
     # --- called by the supervisor ------------------------------------------------------------
-    def add(self, job_id: int, round_: int, rank: int, telemetry: Path, stdout: Path, stderr: Path) -> None:
+    def add(
+        self,
+        job_id: int,
+        round_: int,
+        rank: int,
+        telemetry: Path,
+        stdout: Path,
+        stderr: Path,
+        *,
+        scalars: ScalarFiles | None = None,
+    ) -> None:
         key = (job_id, round_, rank)
         source = _Source(
-            key, _Tail(telemetry), _Tail(stdout), _Tail(stderr), marker=telemetry.parent / MARKER
+            key,
+            _Tail(telemetry),
+            _Tail(stdout),
+            _Tail(stderr),
+            marker=telemetry.parent / MARKER,
+            scalars=scalars,
         )
         source.parts, source.keys = [source.part()], [key]
         write_marker(source)
@@ -193,6 +210,7 @@ class TelemetryShipper(threading.Thread):
                     marker=marker if last else None,  # removed once every part has been sent
                     resumed=True,
                     keys=keys if last else [keys[index]],
+                    scalars=ScalarFiles.of_files(marker_scalars(marker)) if last else None,
                 )
                 with self._lock:
                     self._sources.setdefault(keys[index], source)
@@ -291,6 +309,11 @@ class TelemetryShipper(threading.Thread):
                 record = self._telemetry_record(source, line, now)
                 if record is not None:
                     records.append(record)
+            if source.scalars is not None:
+                records.extend(self._note_metric(source, r) for r in source.scalars.read(final=finishing))
+                if source.scalars.changed:
+                    source.scalars.changed = False
+                    write_marker(source)
             for stream, tail in (("stdout", source.stdout), ("stderr", source.stderr)):
                 lines = tail.read_lines()
                 if finishing and tail.partial:
@@ -340,7 +363,11 @@ class TelemetryShipper(threading.Thread):
             source.seqs[kind] = source.seqs.get(kind, 0) + 1
             record["seq"] = source.seqs[kind]
         record.setdefault("t", now)
-        if kind == "metric" and isinstance(record.get("step"), int) and not source.resumed:
+        return self._note_metric(source, record)
+
+    def _note_metric(self, source: _Source, record: dict[str, Any]) -> dict[str, Any]:
+        """A metric record's step is the round's progress (heartbeats carry it)."""
+        if record["kind"] == "metric" and isinstance(record.get("step"), int) and not source.resumed:
             job_id, round_, _ = source.key
             with self._lock:
                 progress = self._progress.setdefault((job_id, round_), RoundProgress())
@@ -439,8 +466,11 @@ class TelemetryShipper(threading.Thread):
 def write_marker(source: _Source) -> None:
     if source.marker is None:
         return
+    content: dict[str, Any] = {"parts": source.parts}
+    if source.scalars is not None and source.scalars.paths:
+        content["tensorboard"] = source.scalars.paths
     try:
-        source.marker.write_text(json.dumps({"parts": source.parts}))
+        source.marker.write_text(json.dumps(content))
     except OSError as exc:
         logger.warning(
             "telemetry: cannot write %s (%s); a crash may lose this rank's last lines", source.marker, exc

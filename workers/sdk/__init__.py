@@ -80,6 +80,7 @@ from workers.sdk.elastic_control import ElasticError
 from workers.sdk.monitor import StepTimer, Watcher, peak_memory_bytes
 from workers.sdk.stop import install_stop_handler, request_stop, should_stop, stop_requested
 from workers.sdk.telemetry import telemetry as _sink
+from workers.sdk.trackers import mirror as _trackers
 
 __all__ = [
     "AsyncCheckpointer",
@@ -111,8 +112,12 @@ __all__ = [
 
 
 def log(step: int, **scalars: Any) -> None:
-    """Records scalars (numbers or one-element tensors) for ``step``."""
+    """Records scalars (numbers or one-element tensors) for ``step``; mirrored to TensorBoard
+    and/or MLflow when the job asks (``TRAINYARD_TRACKERS``, workers/sdk/trackers.py)."""
+    # The telemetry file first: its exit handler is then registered before the trackers', so the
+    # trackers close (and record where they wrote) while the file still takes records.
     _sink().metric(step, scalars)
+    _trackers().log(step, scalars)
 
 
 TOTAL_STEPS = "total_steps"

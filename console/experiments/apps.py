@@ -1,0 +1,8 @@
+"""The Django app config."""
+
+from django.apps import AppConfig
+
+
+class ExperimentsConfig(AppConfig):
+    name = "console.experiments"
+    label = "experiments"
