@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -75,31 +76,94 @@ def is_hybrid(job: Job) -> bool:
 def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
     """A worker of ``job``'s current round ended (its exit is recorded on ``alloc`` already).
     In hybrid mode a failed worker breaks its dense group: every worker is replaced by a new
-    group (the PS keep the dense weights saved), and the old group's exits are ignored."""
+    group (the PS keep the dense weights saved), and the old group's exits are ignored; each
+    such replacement is charged against max_restarts, and past it the job fails."""
     process = process_of(alloc, exit)
     assert process is not None
     if process.get("removed"):
         return  # stopped by a resize or a worker change: its end changes nothing
     if failed(exit) and is_hybrid(job) and job.job_state.is_active:
+        if job.restarts >= job.max_restarts:
+            _fail_group(job, alloc, process, exit)
+            return
         try:
             resize_workers(job, int(job.roles["worker"]["count"]), now, lost=process)
             return
         except NoRoom:
             pass  # fall through: counted as a lost worker
     if failed(exit):
-        cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
-        events.emit(
-            "ps.worker_lost",
-            f"Worker {process['index']} on {alloc.node.name} ended with {describe(cause)}; its shard "
-            "goes back to the queue, the PS and the other workers carry on",
-            job=job,
-            node=alloc.node,
-            severity=Severity.WARNING,
-            worker=process["index"],
-            exit_code=exit.get("exit_code"),
-            signal=exit.get("signal"),
-        )
+        _worker_lost(job, alloc, process, exit)
     _end_if_done(job, alloc, exit, now)
+
+
+def _cause(alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> dict[str, Any]:
+    return {
+        "round": alloc.round.number,
+        "node": alloc.node.name,
+        "rank": exit.get("rank"),
+        "local_rank": exit.get("local_rank"),
+        "worker": process["index"],
+        "exit_code": exit.get("exit_code"),
+        "signal": exit.get("signal"),
+        "error": (exit.get("error") or "")[-4000:],
+    }
+
+
+def _last_line(exit: protocol.RankExit) -> str:
+    said = (exit.get("error") or "").strip().splitlines()
+    return f": {said[-1][:300]}" if said else ""
+
+
+def _fail_group(job: Job, alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> None:
+    """A hybrid job's dense group broke once more than max_restarts allows: the job fails."""
+    cause = _cause(alloc, process, exit)
+    job.failure = cause
+    finish_job(
+        job,
+        JobState.FAILED,
+        f"Failed: worker {process['index']} on {alloc.node.name} ended with {describe(cause)}"
+        f"{_last_line(exit)}; the dense group was replaced {job.restarts} time(s) already "
+        f"(max_restarts {job.max_restarts})",
+        severity=Severity.ERROR,
+        cause=cause,
+    )
+
+
+def _worker_lost(job: Job, alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> None:
+    """A failed worker the job goes on without: its shard goes back to the queue. One that a
+    resize started and that never reported a push means the resize did not take."""
+    cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
+    workers, ended, _ = worker_tally(alloc.round)
+    running = f"{workers - ended} of {job.role_count('worker')} worker(s) run"
+    rank = int(process["rank"])
+    never_pushed = process.get("joined") == "resize" and not latest_values(
+        job.pk, alloc.round.number, [(rank, WORKER_METRICS["examples"])]
+    )
+    if never_pushed:
+        kind = "ps.resize_failed"
+        message = (
+            f"The resize of the worker role did not take: worker {process['index']} on "
+            f"{alloc.node.name}, started by it, ended with {describe(cause)} before it reported a "
+            f"push{_last_line(exit)}; {running}"
+        )
+    else:
+        kind = "ps.worker_lost"
+        message = (
+            f"Worker {process['index']} on {alloc.node.name} ended with {describe(cause)}; its shard "
+            f"goes back to the queue, the PS and the other workers carry on; {running}"
+        )
+    events.emit(
+        kind,
+        message,
+        job=job,
+        node=alloc.node,
+        severity=Severity.ERROR if never_pushed else Severity.WARNING,
+        worker=process["index"],
+        exit_code=exit.get("exit_code"),
+        signal=exit.get("signal"),
+        running=workers - ended,
+        asked=job.role_count("worker"),
+    )
 
 
 def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, now: datetime) -> None:
@@ -151,7 +215,11 @@ def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | N
     if regroup is None:
         raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
     changed: set[int] = set()
-    added_processes = list(regroup.add)
+    if lost is not None:  # a hybrid group broken by a failure: charged like a rank failure
+        job.restarts += 1
+        job.save(update_fields=["restarts"])
+    why = "replacement" if lost is not None else "resize"  # (a failure's, or the operator's)
+    added_processes = [(position, replace(p, joined=why)) for position, p in regroup.add]
     if hybrid and added_processes:
         # The new workers' dense group: its store on the lowest new worker's node, at a port
         # none of that node's processes hold (planning.Process.ports).
@@ -182,7 +250,11 @@ def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | N
         send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
     added = [p.index for _, p in regroup.add]
     if hybrid:
-        why = f"worker {lost['index']} failed" if lost else f"worker role resized to {count}"
+        why = (
+            f"worker {lost['index']} failed (restart {job.restarts} of {job.max_restarts})"
+            if lost
+            else f"worker role resized to {count}"
+        )
         events.emit(
             "ps.worker_group_replaced",
             f"Hybrid job: {why}; worker(s) {list(regroup.remove)} replaced by {added} in a new dense "
@@ -192,6 +264,7 @@ def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | N
             workers=count,
             added=added,
             removed=list(regroup.remove),
+            charged=lost is not None,
         )
         return regroup
     events.emit(

@@ -123,12 +123,17 @@ class Process:
     dense_rank: int | None = None
     dense_world: int | None = None
     dense_master: str | None = None  # host:port of dense rank 0's store
+    # A worker started in a running round: "resize" (the operator's) or "replacement" (a hybrid
+    # group after a failure). None: started with its round.
+    joined: str | None = None
 
     def row(self) -> dict[str, Any]:
         """As ``Allocation.processes`` stores it (and protocol.PsProcess carries it)."""
         row: dict[str, Any] = {"role": self.role, "index": self.index, "rank": self.rank}
         if self.port is not None:
             row["port"] = self.port
+        if self.joined is not None:
+            row["joined"] = self.joined
         if self.dense_master is not None:
             row.update(
                 dense_rank=self.dense_rank, dense_world=self.dense_world, dense_master=self.dense_master
@@ -146,6 +151,7 @@ class Process:
             dense_rank=int(row["dense_rank"]) if dense else None,
             dense_world=int(row["dense_world"]) if dense else None,
             dense_master=str(row["dense_master"]) if dense else None,
+            joined=str(row["joined"]) if "joined" in row else None,
         )
 
     def ports(self) -> set[int]:
