@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from console.core import events
 from console.core.decision import decision
 from console.core.models import AuditEntry
 from console.core.states import JobState, RoundReason
@@ -21,7 +22,6 @@ from console.jobs import roles as job_roles
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
 from console.jobs.rounds import finish_job
-from console.telemetry import events
 
 
 class ControlError(Exception):

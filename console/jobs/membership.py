@@ -11,13 +11,13 @@ from __future__ import annotations
 from django.conf import settings
 
 from console.cluster.models import Node
+from console.core.events import Severity
 from console.core.states import RoundReason
 from console.jobs.models import Job, Round
 from console.jobs.planning import Plan, Snapshot, plan_round
 from console.jobs.rounds import Note, apply_plan
 from console.jobs.snapshot import snapshot
 from console.jobs.wiring import wire
-from console.telemetry.models import Severity
 
 
 def change_membership(

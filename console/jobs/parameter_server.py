@@ -21,6 +21,8 @@ from typing import Any
 
 from django.db import connection
 
+from console.core import events
+from console.core.events import Severity
 from console.core.states import JobState
 from console.core.transport import send_on_commit
 from console.jobs.failures import describe, failed, record_failure
@@ -30,8 +32,6 @@ from console.jobs.rounds import finish_job
 from console.jobs.snapshot import node_views
 from console.jobs.spec import round_spec
 from console.jobs.wiring import dense_group
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 
 

@@ -22,13 +22,13 @@ from typing import Any
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.core import events
+from console.core.events import Severity
 from console.core.states import AllocationState, JobState, RoundOutcome, RoundPhase
 from console.core.transport import request_tick, send_on_commit
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.planning import Plan
 from console.jobs.spec import round_spec
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 
 _OUTCOME_OF_ENDING = {

@@ -7,13 +7,14 @@ later jobs wait behind it. Once the queue is empty, elastic jobs grow toward the
 
 from __future__ import annotations
 
-from console.cluster.watch import detect_lost_nodes, progress_drains
+from console.cluster.watch import detect_lost_nodes
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs.failures import settle_failed_rounds
 from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
+from console.jobs.node_changes import progress_drains
 from console.jobs.planning import needs_growth, preemption_victims
 from console.jobs.progress import settle_finished
 from console.jobs.snapshot import job_view, snapshot
