@@ -3,12 +3,13 @@ controller, three real agents and the built-in recsys-embedding workload with it
 ``examples`` (fixed at submission from the job's initial worker count).
 
 In hybrid mode the resize replaces the dense group (2 workers -> 3 new ones); in sync mode one
-worker joins the synchronous step barrier. Either way the job keeps training with 3 workers
-(each of them pushes) and succeeds, nothing charged.
+worker joins the synchronous step barrier, in async mode the shard queue. Either way the job keeps
+training with 3 workers (each of them pushes) and succeeds, nothing charged.
 
 Before the fix every new worker declared a dataset for 3 workers, the coordinator (2) refused it,
 a hybrid job replaced its dense group over and over (uncharged) until an agent closed its part of
-the round and ignored its member of the next group, and the job stalled; a sync job went on with 2.
+the round and ignored its member of the next group, and the job stalled; a sync or async job went
+on with 2.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def worker_process(cluster: Cluster, job: Job, index: int) -> psutil.Process:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("mode", ["hybrid", "sync"])
+@pytest.mark.parametrize("mode", ["hybrid", "sync", "async"])
 def test_growing_the_worker_role_keeps_training_with_every_worker(cluster: Cluster, mode: str) -> None:
     # Given three agents and a recsys-embedding PS job (1 PS, 2 workers) with default examples
     for name in ("node-a", "node-b", "node-c"):
@@ -140,8 +141,8 @@ def test_growing_the_worker_role_keeps_training_with_every_worker(cluster: Clust
     except AssertionError:
         raise AssertionError(cluster.diagnose(job)) from None
     paused = []
-    if mode == "sync":
-        # (The first two are paused until the third arrives at the step barrier, so the epoch is
+    if mode != "hybrid":
+        # (The first two are paused until the third has registered, so the epoch is
         # not over before it starts however slow this machine is: the hold files of
         # test_ps_elastic_workers.py, for a built-in workload.)
         paused = [worker_process(cluster, job, i) for i in (0, 1)]
