@@ -4,6 +4,7 @@ agent starts for each local rank (role, index, addresses; which failures the rou
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -126,8 +127,8 @@ def test_an_allreduce_plan_has_no_processes() -> None:
 
 
 def test_a_failure_round_keeps_every_server_on_its_node() -> None:
-    job = ps_job(nodes=2, members=(2, 1))
-    plan = plan_round(Snapshot(job, nodes(3, 3)), RoundReason.FAILURE, previous_failed=True)
+    job = replace(ps_job(nodes=2, members=(2, 1)), round_failed=True)
+    plan = plan_round(Snapshot(job, nodes(3, 3)), RoundReason.FAILURE)
     assert plan is not None and [p.node_id for p in plan.placements] == [2, 1]
     assert [x.role for x in plan.placements[0].processes] == ["coordinator", "ps", "worker"]
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from console.cluster.models import Node
 from console.core.events import Severity
 from console.core.states import RoundReason
-from console.jobs.models import Job, Round
+from console.jobs.models import Job
 from console.jobs.planning import Plan, Snapshot, plan_round
 from console.jobs.rounds import Note, apply_plan
 from console.jobs.snapshot import snapshot
@@ -28,24 +28,21 @@ def change_membership(
     how: str = "",
     target: int | None = None,
     for_job: str = "",
+    snap: Snapshot | None = None,
 ) -> Plan | None:
     """Give ``job`` its next membership for ``reason``; returns the plan applied, or None when
     the job stays as it is.
 
     ``leaving`` is the node a loss or drain takes away (``how`` says what happened to it, for the
     event); ``target`` the node count a preemption shrinks to, for the higher-priority ``for_job``.
+    ``snap``: the job's snapshot when the caller (the scheduler's pass) has read it already.
     """
-    snap = snapshot(job)
-    current = job.current_round()
+    snap = snap if snap is not None else snapshot(job)
     plan = plan_round(
         snap,
         reason,
         leaving=leaving.pk if leaving else None,
         target=target,
-        previous_failed=current is not None and current.failed,
-        # An in-place round needs the ranks running, and in a group: not one still re-forming.
-        previous_running=current is not None and current.round_state.may_carry_over,
-        failed_ranks=failed_ranks(current),
         recover_in_place=settings.INPLACE_RECOVERY,
     )
     if plan is None:
@@ -53,18 +50,6 @@ def change_membership(
     plan = wire(snap, plan)
     apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
     return plan
-
-
-def failed_ranks(current: Round | None) -> tuple[int, ...]:
-    """The current round's failed global ranks (its first failure's rank; any others it reported)."""
-    if current is None:
-        return ()
-    ranks = {int(current.failure["rank"])} if current.failure and "rank" in current.failure else set()
-    for alloc in current.allocations.all():
-        for exit in alloc.exit_info.get("exits", []):
-            if exit.get("exit_code") not in (0, None) or exit.get("signal"):
-                ranks.add(int(exit["rank"]))
-    return tuple(sorted(ranks))
 
 
 def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str) -> Note | None:
