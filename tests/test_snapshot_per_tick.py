@@ -78,7 +78,8 @@ def test_a_pending_job_that_preempts_is_read_once_and_each_victim_once(decide: D
     low = make_job("low", nnodes="1:2")
     lower = make_job("lower", nnodes="1:2", priority=-1)
     tick(decide, reads)()
-    running(low), running(lower)
+    running(low)
+    running(lower)
     assert nodes_of(low) == ["a", "b"] and nodes_of(lower) == ["c", "d"]
 
     high = make_job("high", nnodes="2", priority=5)

@@ -8,35 +8,29 @@ success or failure, changes no round: the agent keeps the PS and the other worke
 once every worker of the round has ended and at least one finished its work; the PS and the
 coordinator, which serve until told to stop, are then stopped (they write a final checkpoint).
 A PS or coordinator that fails is a rank failure like any other: the round restarts and the PS
-resume from their checkpoints.
+resume from their checkpoints. In hybrid mode a failed worker breaks its dense group: the group
+is replaced in the same round through ``change_membership(FAILURE, workers=N, lost=i)``
+(console/jobs/membership.py: planned, wired and applied like every other change), charged
+against max_restarts; past them the job fails.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from console.core import events
 from console.core.events import Severity
-from console.core.states import JobState
-from console.core.transport import send_on_commit
+from console.core.states import JobState, RoundReason
 from console.jobs.failures import describe, failed, record_failure
+from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import Process, Regroup, regroup_workers, replace_workers
 from console.jobs.rounds import finish_job
-from console.jobs.snapshot import node_views
-from console.jobs.spec import round_spec
-from console.jobs.wiring import dense_group
 from workers import protocol
-
-
-class NoRoom(Exception):
-    """The round's nodes have no free slots for the workers asked for."""
 
 
 def process_of(alloc: Allocation, exit: protocol.RankExit) -> dict[str, Any] | None:
@@ -86,11 +80,10 @@ def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: dat
         if job.restarts >= job.max_restarts:
             _fail_group(job, alloc, process, exit)
             return
-        try:
-            resize_workers(job, int(job.roles["worker"]["count"]), now, lost=process)
+        count = job.role_count("worker")
+        if change_membership(job, RoundReason.FAILURE, workers=count, lost=int(process["index"])):
             return
-        except NoRoom:
-            pass  # fall through: counted as a lost worker
+        # no room for a new group: counted as a lost worker
     if failed(exit):
         _worker_lost(job, alloc, process, exit)
     _end_if_done(job, alloc, exit, now)
@@ -166,6 +159,13 @@ def _worker_lost(job: Job, alloc: Allocation, process: dict[str, Any], exit: pro
     )
 
 
+def end_if_done(job: Job, rnd: Round) -> None:
+    """After the worker role shrank: the job succeeds if the workers left have all ended."""
+    allocs = list(rnd.allocations.select_related("node"))
+    if allocs:
+        _end_if_done(job, allocs[0], None, timezone.now())
+
+
 def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, now: datetime) -> None:
     workers, ended, succeeded = worker_tally(alloc.round)
     if ended < workers:
@@ -178,108 +178,6 @@ def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, no
         )
     elif exit is not None:
         record_failure(job, alloc, exit, now)  # every worker failed: the round failed
-
-
-def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | None = None) -> Regroup:
-    """Bring the current round's live workers to ``count`` in place: new worker processes start
-    on the round's nodes with room, removed ones are stopped; the PS, the coordinator and the
-    other workers run on (the coordinator's leases hand the new workers shards). In hybrid mode
-    every live worker is replaced by ``count`` new ones in a new dense group (``lost``: the
-    failed worker that caused it). Raises NoRoom."""
-    hybrid = is_hybrid(job)
-    rnd = job.current_round()
-    assert rnd is not None
-    allocs = list(
-        rnd.allocations.select_for_update(of=("self",)).select_related("node").order_by("node_rank")
-    )
-    free_slots = node_views(exclude_job=job)
-    shares, live, free = [], [], []
-    live_by_node: list[list[int]] = []
-    for alloc in allocs:
-        ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
-        share = [Process(p["role"], p["index"], p["rank"]) for p in alloc.processes]
-        running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
-        shares.append(share)
-        live += [p["index"] for p in running if p["role"] == "worker"]
-        live_by_node.append([p["index"] for p in running if p["role"] == "worker"] if alloc.is_live else [])
-        # A host whose part of the round has ended (all its workers done) has closed it: no new
-        # ranks start there in this round.
-        free.append(free_slots[alloc.node_id].free_slots - len(running) if alloc.is_live else 0)
-    regroup = (
-        replace_workers(shares, live_by_node, free, count)
-        if hybrid
-        else regroup_workers(shares, live, free, count)
-    )
-    if regroup is not None and lost is not None:  # the failed worker is out of the round too
-        regroup = Regroup(regroup.add, tuple(sorted({*regroup.remove, int(lost["index"])})))
-    if regroup is None:
-        raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
-    changed: set[int] = set()
-    if lost is not None:  # a hybrid group broken by a failure: charged like a rank failure
-        job.restarts += 1
-        job.save(update_fields=["restarts"])
-    why = "replacement" if lost is not None else "resize"  # (a failure's, or the operator's)
-    added_processes = [(position, replace(p, joined=why)) for position, p in regroup.add]
-    if hybrid and added_processes:
-        # The new workers' dense group: its store on the lowest new worker's node, at a port
-        # none of that node's processes hold (planning.Process.ports).
-        head = min(added_processes, key=lambda member: member[1].index)[0]
-        held = {port for row in allocs[head].processes for port in Process.of_row(row).ports()}
-        members = [(free_slots[allocs[position].node_id], p) for position, p in added_processes]
-        grouped = {p.index: p for p in dense_group(members, held, random.Random())}
-        added_processes = [(position, grouped[p.index]) for position, p in added_processes]
-    for position, process in added_processes:
-        allocs[position].processes = [*allocs[position].processes, process.row()]
-        changed.add(position)
-    for position, alloc in enumerate(allocs):
-        rows = [dict(p) for p in alloc.processes]
-        for row in rows:
-            if row["role"] == "worker" and row["index"] in regroup.remove:
-                row["removed"] = True
-                changed.add(position)
-        alloc.processes = rows
-    total = 0
-    for alloc in allocs:
-        alloc.nproc = max(1, sum(1 for p in alloc.processes if not p.get("removed")))
-        total += sum(1 for p in alloc.processes if not p.get("removed"))
-        alloc.save(update_fields=["processes", "nproc"])
-    rnd.world_size = max(1, total)
-    rnd.save(update_fields=["world_size"])
-    for position in sorted(changed):
-        alloc = allocs[position]
-        send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
-    added = [p.index for _, p in regroup.add]
-    if hybrid:
-        why = (
-            f"worker {lost['index']} failed (restart {job.restarts} of {job.max_restarts})"
-            if lost
-            else f"worker role resized to {count}"
-        )
-        events.emit(
-            "ps.worker_group_replaced",
-            f"Hybrid job: {why}; worker(s) {list(regroup.remove)} replaced by {added} in a new dense "
-            "group that loads the dense weights saved on the PS; the PS and the coordinator run on",
-            job=job,
-            severity=Severity.WARNING if lost else Severity.INFO,
-            workers=count,
-            added=added,
-            removed=list(regroup.remove),
-            charged=lost is not None,
-        )
-        return regroup
-    events.emit(
-        "ps.workers_resized",
-        f"Worker role resized in place to {count}: "
-        + (f"started worker(s) {added}" if added else f"stopping worker(s) {list(regroup.remove)}")
-        + "; the PS and the other workers run on",
-        job=job,
-        workers=count,
-        added=added,
-        removed=list(regroup.remove),
-    )
-    if regroup.remove:
-        _end_if_done(job, allocs[0], None, now)
-    return regroup
 
 
 def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:

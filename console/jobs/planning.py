@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from console.core.states import RoundReason
-from console.jobs.plans import Hold, JobView, NodeView, Placement, Plan, Process, Snapshot
+from console.jobs.plans import Hold, JobView, NodeView, Placement, Plan, Process, Snapshot, WorkerPlan
 
 __all__ = [
     "Hold",
@@ -23,6 +23,7 @@ __all__ = [
     "Process",
     "Regroup",
     "Snapshot",
+    "WorkerPlan",
     "assign_gpus",
     "carried",
     "choose",
@@ -30,6 +31,7 @@ __all__ = [
     "order_members",
     "place_processes",
     "plan_round",
+    "plan_workers",
     "preemption_victims",
     "recovery_in_place",
     "regroup_workers",
@@ -127,6 +129,61 @@ def replace_workers(
     if grown is None:
         return None
     return Regroup(grown.add, removed)
+
+
+def plan_workers(
+    snap: Snapshot, reason: RoundReason, count: int, lost: int | None = None
+) -> WorkerPlan | None:
+    """Bring the job's current parameter-server round to ``count`` live workers in place: new
+    ones on the round's nodes with room (a host whose part has ended takes none), removed ones
+    stopped. In hybrid mode every live worker is replaced by ``count`` new ones in a new dense
+    group (console/jobs/wiring.py wires it); ``lost``: the failed worker that broke it, out of
+    the round too (``reason`` FAILURE: charged). None when the nodes have no room."""
+    job = snap.job
+    shares = job.processes
+    running = [
+        [p for p in share if p.running] if live else []
+        for share, live in zip(shares, job.member_live, strict=True)
+    ]
+    workers = [[p.index for p in share if p.role == "worker"] for share in running]
+    # The job's own processes are not in the snapshot's free capacity: a node's room is its
+    # free slots less what runs there now.
+    free = [
+        snap.nodes[pk].free_slots - len(share) if live and pk in snap.nodes else 0
+        for pk, share, live in zip(job.members, running, job.member_live, strict=True)
+    ]
+    if job.hybrid:
+        regroup = replace_workers(shares, workers, free, count)
+    else:
+        regroup = regroup_workers(shares, [i for node in workers for i in node], free, count)
+    if regroup is None:
+        return None
+    removed = set(regroup.remove) | ({lost} if lost is not None else set())
+    joined = "replacement" if lost is not None else "resize"
+    placements = []
+    changed = []
+    for position, (pk, share) in enumerate(zip(job.members, shares, strict=True)):
+        after = [
+            replace(p, removed=True) if p.role == "worker" and p.index in removed and not p.removed else p
+            for p in share
+        ]
+        after += [replace(p, joined=joined) for at, p in regroup.add if at == position]
+        if tuple(after) != share:
+            changed.append(pk)
+        nproc = max(1, sum(1 for p in after if not p.removed))
+        placements.append(Placement(pk, position, processes=tuple(after), nproc=nproc))
+    return WorkerPlan(
+        reason=reason,
+        round_number=job.round_number,
+        workers=count,
+        placements=tuple(placements),
+        changed=tuple(changed),
+        added=tuple(p.index for _, p in regroup.add),
+        removed=tuple(sorted(removed)),
+        charged=reason.charged,
+        hybrid=job.hybrid,
+        lost=lost,
+    )
 
 
 def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:

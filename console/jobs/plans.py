@@ -2,7 +2,7 @@
 
 console/jobs/snapshot.py turns rows into a ``Snapshot`` (a job's ``JobView`` and every node's
 ``NodeView``); console/jobs/planning.py turns a snapshot into a ``Plan`` (a new round) or a
-``Regroup`` (a parameter-server round's workers changed in place); console/jobs/wiring.py adds
+``WorkerPlan`` (a parameter-server round's workers changed in place); console/jobs/wiring.py adds
 where the listeners go; console/jobs/rounds.py applies it. The pages read the same views
 (console/web/nodes.py: why a pending job waits).
 """
@@ -272,3 +272,27 @@ class Plan:
     @property
     def node_ids(self) -> list[int]:
         return [p.node_id for p in self.placements]
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """A parameter-server round's worker role changed in place: the same round on the same
+    nodes, new workers started and removed ones stopped while the PS and the coordinator run on
+    (a hybrid job's workers all replaced by a new dense group)."""
+
+    reason: RoundReason  # RESIZE (the operator's), or FAILURE (a hybrid group broken: charged)
+    round_number: int
+    workers: int  # the worker count asked for
+    # Every node of the round, by node rank, with its processes after the change (removed ones
+    # kept, marked), and its live processes' count.
+    placements: tuple[Placement, ...]
+    changed: tuple[int, ...]  # nodes whose processes changed: they get the round's spec again
+    added: tuple[int, ...]  # worker indexes started
+    removed: tuple[int, ...]  # worker indexes stopped
+    charged: bool  # counted against max_restarts
+    hybrid: bool
+    lost: int | None = None  # the failed worker that broke a hybrid group
+
+    @property
+    def world_size(self) -> int:
+        return max(1, sum(p.nproc for p in self.placements))
