@@ -268,7 +268,19 @@ def test_a_worker_a_resize_started_that_fails_says_the_resize_did_not_take(decid
     )
     assert (row["index"], row["joined"]) == (2, "resize")
 
-    # The new worker ends with exit code 1 before it reported a push
+    # The new worker ends with exit code 1 before it reported a push (its close reported 0 examples)
+    from console.telemetry.models import Metric
+
+    Metric.objects.create(
+        job=job,
+        round_number=1,
+        rank=row["rank"],
+        seq=1,
+        step=0,
+        name="worker_examples",
+        value=0.0,
+        time=timezone.now(),
+    )
     exit = {**worker_exit(local_rank, row["rank"], code=1), "error": "PsClientError: FAILED_PRECONDITION"}
     lost = decide(reports.rank_exited, alloc.node.name, job.pk, 1, exit)
     assert lost.kinds() == ["ps.resize_failed"]

@@ -128,10 +128,11 @@ def _worker_lost(job: Job, alloc: Allocation, process: dict[str, Any], exit: pro
     cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
     workers, ended, _ = worker_tally(alloc.round)
     running = f"{workers - ended} of {job.role_count('worker')} worker(s) run"
-    rank = int(process["rank"])
-    never_pushed = process.get("joined") == "resize" and not latest_values(
-        job.pk, alloc.round.number, [(rank, WORKER_METRICS["examples"])]
+    pushed = (int(process["rank"]), WORKER_METRICS["examples"])  # (a close reports 0 examples too)
+    reported = (
+        latest_values(job.pk, alloc.round.number, [pushed]) if process.get("joined") == "resize" else {}
     )
+    never_pushed = process.get("joined") == "resize" and not (reported.get(pushed) or (0.0,))[0]
     if never_pushed:
         kind = "ps.resize_failed"
         message = (
