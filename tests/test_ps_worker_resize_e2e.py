@@ -104,7 +104,9 @@ def worker_process(cluster: Cluster, job: Job, index: int) -> psutil.Process:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("mode", ["hybrid", "sync", "async"])
+# (async mode grows the same way as sync, without the barrier: it passed here too, and is left out
+# to keep the suite's time; the async resize path runs in test_ps_console.py)
+@pytest.mark.parametrize("mode", ["hybrid", "sync"])
 def test_growing_the_worker_role_keeps_training_with_every_worker(cluster: Cluster, mode: str) -> None:
     # Given three agents and a recsys-embedding PS job (1 PS, 2 workers) with default examples
     for name in ("node-a", "node-b", "node-c"):
