@@ -369,3 +369,39 @@ def test_an_in_place_word_is_kept_when_it_changes_and_waiting_pokes_the_heartbea
     del local.spec["recover_in_place"]
     local.inplace = forming
     assert look(waiting) == [NoteInplace(waiting)]
+
+
+def test_a_ps_hosts_part_stays_open_when_its_workers_have_all_ended() -> None:
+    # Given a host with two workers only (the coordinator and the PS run elsewhere)
+    local, (first, second) = ps_round(
+        {"role": "worker", "index": 0, "rank": 2},
+        {"role": "worker", "index": 1, "rank": 3},
+    )
+    # when one fails and the other finishes
+    failed = tick(local, RankSeen(first, ended(first, 1)), RankSeen(second, ended(second, 0)))
+    # then both are reported, and the round stays open: the controller may start more workers
+    # here (a resize, a hybrid job's next dense group) and ends the round itself
+    assert failed == [
+        Reap(first, ended(first, 1), RankState.FAILED),
+        ReportExit(ended(first, 1).exit, failed=False),
+        Reap(second, ended(second, 0), RankState.SUCCEEDED),
+        ReportExit(ended(second, 0).exit, failed=False),
+    ]
+    first.state, second.state = RankState.FAILED, RankState.SUCCEEDED
+    assert tick(local) == []
+    # and a stop then ends it STOPPED
+    local.state = S.STOPPING
+    assert tick(local) == [End(S.STOPPED)]
+
+
+def test_a_rank_that_exited_non_zero_never_ends_its_round_as_succeeded() -> None:
+    # A round recovered in place keeps a failed rank's peer; the peer then ends by itself with 0
+    dead, peer = rank(0, RankState.FAILED), rank(1)
+    local = round_in(S.RUNNING, dead, peer)
+    local.spec["recover_in_place"] = True
+    assert tick(local, RankSeen(peer, ended(peer, 0))) == [
+        Reap(peer, ended(peer, 0), RankState.SUCCEEDED),
+        ReportExit(ended(peer, 0).exit, failed=False),
+        Move(S.FAILING),
+        End(S.FAILED),
+    ]

@@ -141,3 +141,23 @@ def test_unknown_job_ids_are_404(operator: User) -> None:
         client_for(operator).post("/api/v1/jobs/424242/resize/", {"nodes": 1}, format="json").status_code
         == 404
     )
+
+
+def test_a_parameter_server_workloads_dataset_is_fixed_at_submission(operator: User) -> None:
+    # Given a recsys-embedding PS job with 2 workers and the default examples (0: derived)
+    spec = {
+        "name": "ps",
+        "workload": "recsys-embedding",
+        "strategy": "parameter_server",
+        "nnodes": "2",
+        "roles": {"ps": {"count": 1}, "worker": {"count": 2, "max": 4}},
+        "hyperparameters": {"steps": 100, "batch_size": 32},
+    }
+    response = client_for(operator).post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 201, response.content
+    # then the examples per epoch are fixed now, from the workers asked for: a worker a resize
+    # starts later declares the same dataset to the coordinator
+    assert response.json()["hyperparameters"]["examples"] == 100 * 32 * 2
+    given = {**spec, "hyperparameters": {"examples": 5000}}
+    response = client_for(operator).post("/api/v1/jobs/", given, format="json")
+    assert response.json()["hyperparameters"]["examples"] == 5000

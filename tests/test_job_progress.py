@@ -340,3 +340,29 @@ def test_the_jobs_list_and_the_dashboard_show_each_kinds_progress_with_its_unit(
         assert "1,228,800/3,072,000 examples" in page, url
         assert "1,200/4,000 steps" in page, url
         assert 'style="width: 40%"' in page and 'style="width: 30%"' in page
+
+
+@pytest.mark.django_db
+def test_the_last_logged_step_is_the_newest_tile_of_the_round_per_series() -> None:
+    from django.utils import timezone
+
+    from console.telemetry.models import MetricRollup
+
+    job = make_job("steps")
+    now = timezone.now()
+
+    def tile(name: str, number: int, bucket: int, last: int) -> None:
+        MetricRollup.objects.create(
+            job=job, round_number=number, rank=0, name=name, bucket_step=bucket, last_step=last,
+            min_value=0.0, max_value=1.0, total=1.0, count=1, first_time=now, last_time=now,
+        )  # fmt: skip
+
+    assert progress.last_logged_step(job, 1) is None
+    tile("loss", 1, 0, 9)
+    tile("loss", 1, 10, 14)
+    tile("lr", 1, 0, 12)
+    tile("loss", 2, 0, 3)  # another round
+    tile("total_steps", 1, 100, 500)  # not a step of the script's
+    tile("grad_norm/layer1", 1, 20, 40)  # per-layer norms are left out
+    assert progress.last_logged_step(job, 1) == 14
+    assert progress.last_logged_step(job, 2) == 3

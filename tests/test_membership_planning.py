@@ -152,8 +152,8 @@ def test_a_failure_restarts_on_the_nodes_that_take_work_and_is_charged() -> None
 
 
 def test_a_round_whose_rank_failed_is_stopped_at_once_whatever_replaces_it() -> None:
-    j = replace(job("1:2", members=(A.id, B.id)), desired_nodes=1)
-    plan = plan_round(snap(j, A, B), RoundReason.RESIZE, previous_failed=True)
+    j = replace(job("1:2", members=(A.id, B.id)), desired_nodes=1, round_failed=True)
+    plan = plan_round(snap(j, A, B), RoundReason.RESIZE)
     assert plan is not None and plan.stop == (A.id, B.id) and plan.stop_at_once
 
 
@@ -215,8 +215,8 @@ def test_lost_nodes_failures_and_jobs_without_the_sdk_restart_afresh() -> None:
         assert plan is not None and not plan.inplace
     plain = replace(job("1:3", members=(A.id, B.id)), desired_nodes=3)
     assert not (plan := plan_round(snap(plain, A, B, C), RoundReason.RESIZE)) or not plan.inplace
-    grown = replace(j, members=(A.id, B.id))
-    stopped = plan_round(snap(grown, A, B, C), RoundReason.AUTOSCALE, previous_running=False)
+    grown = replace(j, members=(A.id, B.id), round_running=False)
+    stopped = plan_round(snap(grown, A, B, C), RoundReason.AUTOSCALE)
     assert stopped is not None and not stopped.inplace
 
 

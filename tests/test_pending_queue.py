@@ -85,3 +85,30 @@ def test_node_page_lists_what_the_node_holds_and_held(
     page = client.get("/nodes/g2/").content.decode()
     assert 'id="holding-table"' in page and "data-node-action" not in page
     assert client.get("/nodes/nope/").status_code == 404
+
+
+def test_a_parameter_server_jobs_fits_agrees_with_planning(two_gpu_nodes: list[Node]) -> None:
+    from console.jobs.snapshot import snapshot
+
+    # Given two 4-slot nodes, one of them with 2 slots taken, and a pending parameter-server job
+    # of 2 nodes whose 7 processes (coordinator, 2 PS, 4 workers) need 4 slots a node: it has
+    # nproc_per_node 1, which a view built by hand took for its need
+    holder = Job.objects.create(name="holder", workload="mlp", state="RUNNING", round_number=1)
+    rnd = Round.objects.create(
+        job=holder, number=1, reason="start", world_size=2, master_addr="h", master_port=1
+    )
+    Allocation.objects.create(round=rnd, node=two_gpu_nodes[1], node_rank=0, nproc=2, state="RUNNING")
+    ps = Job.objects.create(
+        name="ps",
+        entrypoint="/bin/true",
+        min_nodes=2,
+        max_nodes=2,
+        desired_nodes=2,
+        strategy="parameter_server",
+        roles={"ps": {"count": 2, "mode": "async"}, "worker": {"count": 4, "min": 1, "max": 8}},
+    )
+    # When the queue is read, then it says what planning says: one node has room, two are needed
+    planned = snapshot(ps)
+    assert [n.name for n in planned.fitting()] == ["g1"] and planned.shortfall() == 1
+    (entry,) = pending_queue()
+    assert entry.why.startswith("Needs 2 node(s) with 4 free slot(s) each; 1 has room now."), entry.why

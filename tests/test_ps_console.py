@@ -216,6 +216,92 @@ def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(deci
     assert sorted(p["dense_rank"] for p in rows if not p.get("removed")) == [0, 1, 2]
 
 
+def test_hybrid_group_replacements_are_charged_and_bounded_by_max_restarts(decide: Decide) -> None:
+    make_node("a", slots=6), make_node("b", slots=6)
+    job = ps_job(workers=2, mode="hybrid")
+    Job.objects.filter(pk=job.pk).update(max_restarts=1)
+    decide(scheduler.tick)
+    worker = {
+        (p["index"]): (a.node.name, local_rank, p["rank"])
+        for a in job.rounds.get().allocations.all()
+        for local_rank, p in enumerate(a.processes)
+        if p["role"] == "worker"
+    }
+
+    # A worker fails: its group is replaced, charged like a rank failure
+    node, local_rank, rank = worker[0]
+    replaced = decide(reports.rank_exited, node, job.pk, 1, worker_exit(local_rank, rank, code=1))
+    assert replaced.kinds() == ["ps.worker_group_replaced"]
+    assert replaced.events[0].data["charged"] is True
+    assert "restart 1 of 1" in replaced.events[0].message
+    job.refresh_from_db()
+    assert (job.round_number, job.restarts, job.state) == (1, 1, JobState.STARTING)
+
+    # A worker of the new group fails too: past max_restarts, the job fails and everything stops
+    new = [
+        (a.node.name, local_rank, p["rank"], p["index"])
+        for a in job.rounds.get().allocations.all()
+        for local_rank, p in enumerate(a.processes)
+        if p["role"] == "worker" and not p.get("removed")
+    ]
+    node, local_rank, rank, index = new[0]
+    exit = {**worker_exit(local_rank, rank, code=1), "error": "Traceback\nRuntimeError: boom"}
+    failed = decide(reports.rank_exited, node, job.pk, 1, exit)
+    assert failed.kinds() == ["job.failed"]
+    assert sorted(q for _, q, _ in failed.to_agents()) == ["node.a", "node.b"]
+    assert "RuntimeError: boom" in failed.events[0].message
+    assert "replaced 1 time(s) already (max_restarts 1)" in failed.events[0].message
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and (job.failure["worker"], job.failure["rank"]) == (index, rank)
+
+
+def test_a_worker_a_resize_started_that_fails_says_the_resize_did_not_take(decide: Decide) -> None:
+    make_node("a", slots=4), make_node("b", slots=4)
+    job = ps_job(workers=2, mode="sync")
+    decide(scheduler.tick)
+    decide(actions.resize_role, job.pk, "worker", 3, None)
+    (alloc, local_rank, row) = next(
+        (a, i, p)
+        for a in job.rounds.get().allocations.all()
+        for i, p in enumerate(a.processes)
+        if p.get("joined")
+    )
+    assert (row["index"], row["joined"]) == (2, "resize")
+
+    # The new worker ends with exit code 1 before it reported a push (its close reported 0 examples)
+    from console.telemetry.models import Metric
+
+    Metric.objects.create(
+        job=job,
+        round_number=1,
+        rank=row["rank"],
+        seq=1,
+        step=0,
+        name="worker_examples",
+        value=0.0,
+        time=timezone.now(),
+    )
+    exit = {**worker_exit(local_rank, row["rank"], code=1), "error": "PsClientError: FAILED_PRECONDITION"}
+    lost = decide(reports.rank_exited, alloc.node.name, job.pk, 1, exit)
+    assert lost.kinds() == ["ps.resize_failed"]
+    assert lost.events[0].message == (
+        f"The resize of the worker role did not take: worker 2 on {alloc.node.name}, started by it, ended "
+        "with exit code 1 before it reported a push: PsClientError: FAILED_PRECONDITION; 2 of 3 worker(s) run"
+    )
+    assert (lost.events[0].data["running"], lost.events[0].data["asked"]) == (2, 3)
+    # An original worker's loss is a worker lost, as before
+    (alloc, local_rank, row) = next(
+        (a, i, p)
+        for a in job.rounds.get().allocations.all()
+        for i, p in enumerate(a.processes)
+        if p["role"] == "worker" and p["index"] == 0
+    )
+    other = decide(
+        reports.rank_exited, alloc.node.name, job.pk, 1, worker_exit(local_rank, row["rank"], code=1)
+    )
+    assert other.kinds() == ["ps.worker_lost"] and other.events[0].message.endswith("; 1 of 3 worker(s) run")
+
+
 def processes(cluster: Cluster, marker: str) -> list[psutil.Process]:
     found = []
     for agent in cluster.agents.agents:

@@ -4,6 +4,7 @@ agent starts for each local rank (role, index, addresses; which failures the rou
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ from console.jobs.planning import (
     Snapshot,
     place_processes,
     plan_round,
+    plan_workers,
     regroup_workers,
     replace_workers,
 )
+from console.jobs.wiring import wire_workers
 from workers.agent import launcher
 from workers.agent.config import AgentConfig
 from workers.protocol import PsProcess, RoundSpec
@@ -126,8 +129,8 @@ def test_an_allreduce_plan_has_no_processes() -> None:
 
 
 def test_a_failure_round_keeps_every_server_on_its_node() -> None:
-    job = ps_job(nodes=2, members=(2, 1))
-    plan = plan_round(Snapshot(job, nodes(3, 3)), RoundReason.FAILURE, previous_failed=True)
+    job = replace(ps_job(nodes=2, members=(2, 1)), round_failed=True)
+    plan = plan_round(Snapshot(job, nodes(3, 3)), RoundReason.FAILURE)
     assert plan is not None and [p.node_id for p in plan.placements] == [2, 1]
     assert [x.role for x in plan.placements[0].processes] == ["coordinator", "ps", "worker"]
 
@@ -291,3 +294,75 @@ def test_a_hybrid_worker_gets_its_dense_group_and_the_servers_none(tmp_path: Pat
     assert (worker["MASTER_ADDR"], worker["MASTER_PORT"]) == ("10.0.0.2", "24567")
     server = launcher.rank_env(config, round_spec, 0, files)
     assert server["WORLD_SIZE"] == "1"
+
+
+# --- a worker change planned from the snapshot (planning.plan_workers, wiring.wire_workers) --
+
+
+def running_round(hybrid: bool = False, live: tuple[bool, bool] = (True, True)) -> JobView:
+    """A 2-node round of coordinator, 2 PS and 3 workers (node 1: coordinator, PS 1, worker 1;
+    node 2: PS 0, workers 0 and 2), worker 1 ended; ports on the servers."""
+    shares = place_processes(2, 3, 2)
+    ported = tuple(
+        tuple(
+            replace(
+                p,
+                port=21000 + p.rank if p.role != "worker" else None,
+                ended=p.role == "worker" and p.index == 1,
+            )
+            for p in share
+        )
+        for share in shares
+    )
+    return replace(ps_job(members=(1, 2)), round_number=4, hybrid=hybrid, processes=ported, member_live=live)
+
+
+def test_growing_workers_is_planned_from_the_snapshot_and_only_changed_hosts_hear() -> None:
+    snap = Snapshot(running_round(), nodes(4, 4))  # node 1 runs 2 (worker 1 ended): 2 free
+    plan = plan_workers(snap, RoundReason.RESIZE, 4)
+    assert plan is not None and (plan.round_number, plan.charged, plan.hybrid) == (4, False, False)
+    # 2 live workers (0, 2) -> 4: workers 3 and 4, after every index and rank the round has had
+    assert plan.added == (3, 4) and plan.removed == ()
+    # dealt to the node with the most room (node 1: 4 free less the 2 running there)
+    assert [p.index for p in plan.placements[0].processes if p.joined == "resize"] == [3, 4]
+    assert plan.changed == (1,) and [p.nproc for p in plan.placements] == [5, 3]
+    # a host whose part of the round ended takes no new worker, and its workers count for none
+    closed = Snapshot(running_round(live=(True, False)), nodes(8, 8))
+    grown = plan_workers(closed, RoundReason.RESIZE, 2)
+    assert grown is not None and grown.changed == (1,) and grown.added == (3, 4)
+    assert plan_workers(Snapshot(running_round(), nodes(2, 3)), RoundReason.RESIZE, 4) is None  # no room
+    # shrinking marks the highest live indexes removed
+    shrunk = plan_workers(snap, RoundReason.RESIZE, 1)
+    assert shrunk is not None and shrunk.removed == (2,) and shrunk.changed == (2,)
+    assert [p.row().get("removed") for p in shrunk.placements[1].processes] == [None, None, True]
+
+
+def test_a_broken_hybrid_group_is_replaced_charged_and_wired_on_its_lowest_new_workers_node() -> None:
+    import random
+
+    view = running_round(hybrid=True)
+    node = NodeView(
+        id=1, name="n0", takes_work=True, free_slots=4, address="10.0.0.1", recent_ports=frozenset({23000})
+    )
+    snap = Snapshot(view, {1: node, 2: replace(node, id=2, name="n1", address="10.0.0.2")})
+    plan = plan_workers(snap, RoundReason.FAILURE, 3, lost=1)
+    assert plan is not None and plan.charged and plan.lost == 1
+    assert plan.removed == (0, 1, 2) and plan.added == (3, 4, 5)
+    assert all(
+        p.joined == "replacement" for place in plan.placements for p in place.processes if p.index >= 3
+    )
+    wired = wire_workers(snap, plan, random.Random(7))
+    group = sorted(
+        (p for place in wired.placements for p in place.processes if p.role == "worker" and p.index >= 3),
+        key=lambda p: p.index,
+    )
+    assert [(p.dense_rank, p.dense_world) for p in group] == [(0, 3), (1, 3), (2, 3)]
+    head = next(place for place in wired.placements if any(p.index == 3 for p in place.processes))
+    (master,) = {p.dense_master for p in group}
+    assert master is not None and master.startswith(f"{snap.nodes[head.node_id].address}:")
+    port = int(master.rpartition(":")[2])
+    others = {q for p in head.processes if p.role != "worker" or p.index < 3 for q in p.ports()}
+    assert others and port not in others | {23000}
+    # the old group's rows are kept, marked removed; the servers are untouched
+    servers = [p for place in wired.placements for p in place.processes if p.role != "worker"]
+    assert servers == [p for share in view.processes for p in share if p.role != "worker"]

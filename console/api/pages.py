@@ -17,10 +17,10 @@ from django.views.decorators.http import require_http_methods
 from rest_framework import serializers
 from rest_framework.request import Request
 
+from console.api.audit_filters import AUTH_METHODS, AuditFilter
 from console.api.models import ALL_SCOPES, ApiToken, Scope
 from console.api.pagination import KeysetPagination
 from console.api.views import MAX_EXPIRY_DAYS, revoke_token
-from console.core.audit_filters import AUTH_METHODS, AuditFilter
 from console.core.models import AuditEntry
 
 SCOPE_HELP = {

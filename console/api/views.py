@@ -19,9 +19,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import lockout
+from console.api.audit_filters import AuditFilter
 from console.api.models import ALL_SCOPES, ApiToken, Scope
 from console.core.audit import AuthMethod
-from console.core.audit_filters import AuditFilter
 from console.core.models import AuditEntry
 
 MAX_EXPIRY_DAYS = 3650

@@ -11,10 +11,10 @@ from typing import Any
 from django.db import transaction
 
 from console.cluster.models import Node
+from console.core import events
 from console.core.models import AuditEntry
 from console.core.states import NodeState
 from console.core.transport import request_tick
-from console.telemetry import events
 
 
 def drain_node(node_id: int, actor: Any) -> Node:

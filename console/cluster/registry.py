@@ -19,15 +19,13 @@ from limits import RateLimitItemPerSecond
 from limits.storage import storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
+from console.cluster import hooks
 from console.cluster.models import Gpu, Node
 from console.cluster.watch import node_gone
+from console.core import events
 from console.core.decision import decision
 from console.core.states import NodeState
 from console.core.transport import request_tick, send_on_commit
-from console.jobs.reports import apply_round_statuses
-from console.jobs.snapshot import live_allocations
-from console.jobs.spec import round_spec
-from console.telemetry import events
 from workers import protocol
 
 log = logging.getLogger(__name__)
@@ -94,12 +92,8 @@ def _upsert_gpus(node: Node, info: protocol.NodeInfo) -> int:
 
 
 def sync_node(node: Node) -> None:
-    """Tell the agent every round it should be running now (it stops the rest)."""
-    specs = [
-        round_spec(a.round.job, a.round, a)
-        for a in live_allocations().filter(node=node).select_related("round__job__bundle")
-    ]
-    send_on_commit(protocol.AGENT_SYNC, node.queue, rounds=specs)
+    """The agent should hear every round it is to run now (console/jobs/node_changes.py sends them)."""
+    hooks.node_up.send(hooks.NodeUp(node))
 
 
 def heartbeat(
@@ -118,7 +112,7 @@ def heartbeat(
     if node.state == NodeState.LOST:
         _back_from_lost(node)
     events.node_changed(node)
-    apply_round_statuses(node, rounds)
+    hooks.rounds_reported.send(hooks.RoundsReported(node, rounds))
 
 
 def _record_load(node: Node, load: protocol.NodeLoad) -> None:

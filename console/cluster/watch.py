@@ -1,8 +1,9 @@
 """Nodes leaving: missed heartbeats (LOST), clean stops and agent restarts, and drains finishing.
 
-When a node goes, every job with a live round on it gets a node-loss round without it (not
-charged), or goes back to the queue if too few nodes remain. The tick also moves elastic jobs
-off DRAINING nodes and marks a node DRAINED once nothing runs on it.
+When a node goes, the jobs with a live round on it move on without it: cluster says so
+(``hooks.node_gone``) and console/jobs/node_changes.py gives each a node-loss round (not charged),
+or puts it back in the queue if too few nodes remain. The tick's drain pass (also there) moves
+elastic jobs off DRAINING nodes and marks a node DRAINED here once nothing runs on it.
 """
 
 from __future__ import annotations
@@ -13,30 +14,19 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from console.cluster import hooks
 from console.cluster.models import Node
+from console.core import events
 from console.core.decision import decision
-from console.core.states import NodeState, RoundReason
-from console.jobs.failures import refund_failures_caused_by
-from console.jobs.membership import change_membership
-from console.jobs.models import Job
-from console.jobs.snapshot import live_allocations
-from console.telemetry import events
-from console.telemetry.models import Severity
+from console.core.events import Severity
+from console.core.states import NodeState
 
 
 def node_gone(node: Node, how: str, last_seen: datetime | None) -> None:
-    """Every active job with a live allocation on ``node`` gets a round without it (or waits).
-
-    ``how`` says what happened ("was lost", "went offline", "restarted"); ``last_seen`` is the
-    node's last heartbeat before it went, from when rank failures on its peers are its doing.
-    Caller holds decision().
-    """
-    for alloc in live_allocations().filter(node=node).select_related("round"):
-        job = Job.lock(alloc.round.job_id)
-        if job.round_number != alloc.round.number or not job.job_state.is_active:
-            continue
-        refund_failures_caused_by(job, node, last_seen)
-        change_membership(job, RoundReason.NODE_LOSS, leaving=node, how=how)
+    """``node`` stopped running what it ran (``how``: "was lost", "went offline", "restarted";
+    ``last_seen``: its last heartbeat before): the jobs on it move on without it
+    (console/jobs/node_changes.py reacts). Caller holds decision()."""
+    hooks.node_gone.send(hooks.NodeGone(node, how, last_seen))
 
 
 def detect_lost_nodes() -> None:
@@ -63,17 +53,10 @@ def detect_lost_nodes() -> None:
             node_gone(node, "was lost", node.last_heartbeat)
 
 
-def progress_drains() -> None:
-    """Move elastic jobs off DRAINING nodes; a node with nothing left on it is DRAINED."""
-    for pk in list(Node.objects.filter(state=NodeState.DRAINING).values_list("pk", flat=True)):
-        with decision():
-            node = Node.objects.select_for_update().get(pk=pk)
-            if node.state != NodeState.DRAINING:
-                continue
-            for alloc in list(live_allocations().filter(node=node).select_related("round")):
-                change_membership(Job.lock(alloc.round.job_id), RoundReason.DRAIN, leaving=node)
-            if not live_allocations().filter(node=node).exists():
-                node.set_state(NodeState.DRAINED)
-                node.save(update_fields=["state"])
-                events.emit("node.drained", f"Node {node.name} is drained", node=node)
-                events.node_changed(node)
+def mark_drained(node: Node) -> None:
+    """Nothing runs on the DRAINING ``node`` any more (the tick's drain pass moved it all off,
+    console/jobs/node_changes.py): it is DRAINED. Caller holds decision() and the node's row."""
+    node.set_state(NodeState.DRAINED)
+    node.save(update_fields=["state"])
+    events.emit("node.drained", f"Node {node.name} is drained", node=node)
+    events.node_changed(node)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
+from console.core import events
 from console.core.decision import decision
 from console.core.models import AuditEntry
 from console.core.states import JobState, RoundReason
@@ -21,7 +21,6 @@ from console.jobs import roles as job_roles
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
 from console.jobs.rounds import finish_job
-from console.telemetry import events
 
 
 class ControlError(Exception):
@@ -62,11 +61,12 @@ def resize_role(job_id: int, role: str, count: int, actor: Any) -> Job:
             raise InvalidRequest(str(exc)) from None
         previous = job.role_count(role)
         rnd = job.current_round()
+        change = None
         if role == job_roles.WORKER and job.job_state.is_active and rnd is not None and not rnd.ended:
-            try:
-                parameter_server.resize_workers(job, count, timezone.now())
-            except parameter_server.NoRoom as exc:
-                raise ControlError(str(exc)) from None
+            # In place, in the current round (planning.plan_workers); None: no room on its nodes.
+            change = change_membership(job, RoundReason.RESIZE, workers=count)
+            if change is None:
+                raise ControlError(f"The round's nodes have no room for {count} live worker(s).")
         job.roles = roles
         job.save(update_fields=["roles"])
         AuditEntry.record(actor, "job.resize", job, role=role, count=count, previous=previous)
@@ -77,6 +77,8 @@ def resize_role(job_id: int, role: str, count: int, actor: Any) -> Job:
             role=role,
             count=count,
         )
+        if change is not None and change.removed and not change.hybrid and rnd is not None:
+            parameter_server.end_if_done(job, rnd)  # the workers left may all have ended
         if role == job_roles.PS and job.job_state.is_active:
             change_membership(job, RoundReason.RESIZE)
         elif not job.job_state.is_active:

@@ -11,7 +11,6 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from console.jobs.models import Allocation, Bundle, Checkpoint, Job, Round
-from console.telemetry.models import Event
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -42,20 +41,6 @@ class RoundInline(ReadOnlyInline):
     readonly_fields = fields
 
 
-class EventInline(ReadOnlyInline):
-    model = Event
-    fields = ("created_at", "severity", "kind", "round_number", "node", "message")
-    readonly_fields = fields
-    ordering = ("-id",)
-    show_change_link = False
-
-    def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
-        # A long job has thousands of events; the admin page shows the latest ones only.
-        qs = super().get_queryset(request).select_related("node")
-        ids = list(qs.values_list("id", flat=True)[:50])
-        return qs.filter(id__in=ids)
-
-
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = (
@@ -72,7 +57,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("state", "strategy", "precision")
     search_fields = ("name", "workload", "entrypoint", "owner__username")
     date_hierarchy = "created_at"
-    inlines = [RoundInline, EventInline]
+    inlines = [RoundInline]  # console/telemetry/admin.py adds the job's events
     readonly_fields = (
         "state",
         "round_number",

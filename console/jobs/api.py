@@ -161,6 +161,14 @@ class JobSpecSerializer(serializers.Serializer):
             )
         if workload:
             attrs["hyperparameters"] = self._validate_workload(workload, attrs.get("hyperparameters", {}))
+            if attrs.get("strategy") == Strategy.PARAMETER_SERVER:
+                # The dataset is fixed now, from the workers asked for: a resize must not change
+                # what a new worker declares to the coordinator (it refuses another dataset).
+                from workers.workloads import catalog
+
+                attrs["hyperparameters"]["examples"] = catalog.parameter_server_examples(
+                    attrs["hyperparameters"], attrs["roles"]["worker"]["count"]
+                )
         if attrs.get("bundle") is not None and attrs.get("workdir"):
             raise serializers.ValidationError({"workdir": ["Give a bundle or a host path, not both."]})
         if (

@@ -21,7 +21,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.core import events
 from console.core.decision import decision
+from console.core.events import Severity
 from console.core.states import AllocationState, JobState, NodeState, RoundPhase, RoundReason
 from console.core.transport import send_on_commit
 from console.jobs.inplace import fall_back
@@ -29,8 +31,6 @@ from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.rounds import finish_job
 from console.jobs.snapshot import members
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 from workers.protocol import InplaceStatus
 

@@ -16,12 +16,12 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from console.core import events
 from console.core.decision import decision
+from console.core.events import Severity
 from console.core.states import JobState, RoundPhase, RoundReason
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 from workers.protocol import InplaceStatus
 

@@ -1,23 +1,52 @@
-"""``change_membership``: the one entry for every change of a job's nodes.
+"""``change_membership``: the one entry for every change of a job's members.
 
 Start and resume, the operator's resize and restart, auto-scaling, preemption, drains, node
-loss and failure restarts all come here: read a snapshot, let console/jobs/planning.py choose
-the next round (survivors, order, GPUs, what stops), then apply it with console/jobs/rounds.py.
-The caller holds decision() and the job's row lock.
+loss and failure restarts all come here, and so does a parameter-server round's worker role
+changed in place (``workers=``: a resize, or a hybrid group broken by a failed worker): read a
+snapshot, let console/jobs/planning.py choose (the next round: survivors, order, GPUs,
+processes, what stops; or the round's workers after the change), console/jobs/wiring.py say
+where the listeners go, then apply it with console/jobs/rounds.py. The caller holds decision()
+and the job's row lock.
 """
 
 from __future__ import annotations
 
+from typing import overload
+
 from django.conf import settings
 
 from console.cluster.models import Node
+from console.core.events import Severity
 from console.core.states import RoundReason
-from console.jobs.models import Job, Round
-from console.jobs.planning import Plan, Snapshot, plan_round
-from console.jobs.rounds import Note, apply_plan
+from console.jobs.models import Job
+from console.jobs.planning import Plan, Snapshot, WorkerPlan, plan_round, plan_workers
+from console.jobs.rounds import Note, apply_plan, apply_workers
 from console.jobs.snapshot import snapshot
-from console.jobs.wiring import wire
-from console.telemetry.models import Severity
+from console.jobs.wiring import wire, wire_workers
+
+
+@overload
+def change_membership(
+    job: Job,
+    reason: RoundReason,
+    *,
+    workers: int,
+    lost: int | None = None,
+    snap: Snapshot | None = None,
+) -> WorkerPlan | None: ...
+
+
+@overload
+def change_membership(
+    job: Job,
+    reason: RoundReason,
+    *,
+    leaving: Node | None = None,
+    how: str = "",
+    target: int | None = None,
+    for_job: str = "",
+    snap: Snapshot | None = None,
+) -> Plan | None: ...
 
 
 def change_membership(
@@ -28,24 +57,32 @@ def change_membership(
     how: str = "",
     target: int | None = None,
     for_job: str = "",
-) -> Plan | None:
+    workers: int | None = None,
+    lost: int | None = None,
+    snap: Snapshot | None = None,
+) -> Plan | WorkerPlan | None:
     """Give ``job`` its next membership for ``reason``; returns the plan applied, or None when
     the job stays as it is.
 
     ``leaving`` is the node a loss or drain takes away (``how`` says what happened to it, for the
     event); ``target`` the node count a preemption shrinks to, for the higher-priority ``for_job``.
+    ``workers``: a parameter-server job's worker count, changed in its current round (None when
+    its nodes have no room); ``lost``, the failed worker that broke a hybrid group (FAILURE).
+    ``snap``: the job's snapshot when the caller (the scheduler's pass) has read it already.
     """
-    snap = snapshot(job)
-    current = job.current_round()
+    snap = snap if snap is not None else snapshot(job)
+    if workers is not None:
+        change = plan_workers(snap, reason, workers, lost=lost)
+        if change is None:
+            return None
+        change = wire_workers(snap, change)
+        apply_workers(job, change)
+        return change
     plan = plan_round(
         snap,
         reason,
         leaving=leaving.pk if leaving else None,
         target=target,
-        previous_failed=current is not None and current.failed,
-        # An in-place round needs the ranks running, and in a group: not one still re-forming.
-        previous_running=current is not None and current.round_state.may_carry_over,
-        failed_ranks=failed_ranks(current),
         recover_in_place=settings.INPLACE_RECOVERY,
     )
     if plan is None:
@@ -53,18 +90,6 @@ def change_membership(
     plan = wire(snap, plan)
     apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
     return plan
-
-
-def failed_ranks(current: Round | None) -> tuple[int, ...]:
-    """The current round's failed global ranks (its first failure's rank; any others it reported)."""
-    if current is None:
-        return ()
-    ranks = {int(current.failure["rank"])} if current.failure and "rank" in current.failure else set()
-    for alloc in current.allocations.all():
-        for exit in alloc.exit_info.get("exits", []):
-            if exit.get("exit_code") not in (0, None) or exit.get("signal"):
-                ranks.add(int(exit["rank"]))
-    return tuple(sorted(ranks))
 
 
 def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str) -> Note | None:

@@ -8,34 +8,29 @@ success or failure, changes no round: the agent keeps the PS and the other worke
 once every worker of the round has ended and at least one finished its work; the PS and the
 coordinator, which serve until told to stop, are then stopped (they write a final checkpoint).
 A PS or coordinator that fails is a rank failure like any other: the round restarts and the PS
-resume from their checkpoints.
+resume from their checkpoints. In hybrid mode a failed worker breaks its dense group: the group
+is replaced in the same round through ``change_membership(FAILURE, workers=N, lost=i)``
+(console/jobs/membership.py: planned, wired and applied like every other change), charged
+against max_restarts; past them the job fails.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
-from console.core.states import JobState
-from console.core.transport import send_on_commit
+from console.core import events
+from console.core.events import Severity
+from console.core.states import JobState, RoundReason
 from console.jobs.failures import describe, failed, record_failure
+from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import Process, Regroup, regroup_workers, replace_workers
 from console.jobs.rounds import finish_job
-from console.jobs.snapshot import node_views
-from console.jobs.spec import round_spec
-from console.jobs.wiring import dense_group
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
-
-
-class NoRoom(Exception):
-    """The round's nodes have no free slots for the workers asked for."""
 
 
 def process_of(alloc: Allocation, exit: protocol.RankExit) -> dict[str, Any] | None:
@@ -75,31 +70,101 @@ def is_hybrid(job: Job) -> bool:
 def worker_exited(job: Job, alloc: Allocation, exit: protocol.RankExit, now: datetime) -> None:
     """A worker of ``job``'s current round ended (its exit is recorded on ``alloc`` already).
     In hybrid mode a failed worker breaks its dense group: every worker is replaced by a new
-    group (the PS keep the dense weights saved), and the old group's exits are ignored."""
+    group (the PS keep the dense weights saved), and the old group's exits are ignored; each
+    such replacement is charged against max_restarts, and past it the job fails."""
     process = process_of(alloc, exit)
     assert process is not None
     if process.get("removed"):
         return  # stopped by a resize or a worker change: its end changes nothing
     if failed(exit) and is_hybrid(job) and job.job_state.is_active:
-        try:
-            resize_workers(job, int(job.roles["worker"]["count"]), now, lost=process)
+        if job.restarts >= job.max_restarts:
+            _fail_group(job, alloc, process, exit)
             return
-        except NoRoom:
-            pass  # fall through: counted as a lost worker
+        count = job.role_count("worker")
+        if change_membership(job, RoundReason.FAILURE, workers=count, lost=int(process["index"])):
+            return
+        # no room for a new group: counted as a lost worker
     if failed(exit):
-        cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
-        events.emit(
-            "ps.worker_lost",
-            f"Worker {process['index']} on {alloc.node.name} ended with {describe(cause)}; its shard "
-            "goes back to the queue, the PS and the other workers carry on",
-            job=job,
-            node=alloc.node,
-            severity=Severity.WARNING,
-            worker=process["index"],
-            exit_code=exit.get("exit_code"),
-            signal=exit.get("signal"),
-        )
+        _worker_lost(job, alloc, process, exit)
     _end_if_done(job, alloc, exit, now)
+
+
+def _cause(alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> dict[str, Any]:
+    return {
+        "round": alloc.round.number,
+        "node": alloc.node.name,
+        "rank": exit.get("rank"),
+        "local_rank": exit.get("local_rank"),
+        "worker": process["index"],
+        "exit_code": exit.get("exit_code"),
+        "signal": exit.get("signal"),
+        "error": (exit.get("error") or "")[-4000:],
+    }
+
+
+def _last_line(exit: protocol.RankExit) -> str:
+    said = (exit.get("error") or "").strip().splitlines()
+    return f": {said[-1][:300]}" if said else ""
+
+
+def _fail_group(job: Job, alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> None:
+    """A hybrid job's dense group broke once more than max_restarts allows: the job fails."""
+    cause = _cause(alloc, process, exit)
+    job.failure = cause
+    finish_job(
+        job,
+        JobState.FAILED,
+        f"Failed: worker {process['index']} on {alloc.node.name} ended with {describe(cause)}"
+        f"{_last_line(exit)}; the dense group was replaced {job.restarts} time(s) already "
+        f"(max_restarts {job.max_restarts})",
+        severity=Severity.ERROR,
+        cause=cause,
+    )
+
+
+def _worker_lost(job: Job, alloc: Allocation, process: dict[str, Any], exit: protocol.RankExit) -> None:
+    """A failed worker the job goes on without: its shard goes back to the queue. One that a
+    resize started and that never reported a push means the resize did not take."""
+    cause = {"exit_code": exit.get("exit_code"), "signal": exit.get("signal")}
+    workers, ended, _ = worker_tally(alloc.round)
+    running = f"{workers - ended} of {job.role_count('worker')} worker(s) run"
+    pushed = (int(process["rank"]), WORKER_METRICS["examples"])  # (a close reports 0 examples too)
+    reported = (
+        latest_values(job.pk, alloc.round.number, [pushed]) if process.get("joined") == "resize" else {}
+    )
+    never_pushed = process.get("joined") == "resize" and not (reported.get(pushed) or (0.0,))[0]
+    if never_pushed:
+        kind = "ps.resize_failed"
+        message = (
+            f"The resize of the worker role did not take: worker {process['index']} on "
+            f"{alloc.node.name}, started by it, ended with {describe(cause)} before it reported a "
+            f"push{_last_line(exit)}; {running}"
+        )
+    else:
+        kind = "ps.worker_lost"
+        message = (
+            f"Worker {process['index']} on {alloc.node.name} ended with {describe(cause)}; its shard "
+            f"goes back to the queue, the PS and the other workers carry on; {running}"
+        )
+    events.emit(
+        kind,
+        message,
+        job=job,
+        node=alloc.node,
+        severity=Severity.ERROR if never_pushed else Severity.WARNING,
+        worker=process["index"],
+        exit_code=exit.get("exit_code"),
+        signal=exit.get("signal"),
+        running=workers - ended,
+        asked=job.role_count("worker"),
+    )
+
+
+def end_if_done(job: Job, rnd: Round) -> None:
+    """After the worker role shrank: the job succeeds if the workers left have all ended."""
+    allocs = list(rnd.allocations.select_related("node"))
+    if allocs:
+        _end_if_done(job, allocs[0], None, timezone.now())
 
 
 def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, now: datetime) -> None:
@@ -114,99 +179,6 @@ def _end_if_done(job: Job, alloc: Allocation, exit: protocol.RankExit | None, no
         )
     elif exit is not None:
         record_failure(job, alloc, exit, now)  # every worker failed: the round failed
-
-
-def resize_workers(job: Job, count: int, now: datetime, lost: dict[str, Any] | None = None) -> Regroup:
-    """Bring the current round's live workers to ``count`` in place: new worker processes start
-    on the round's nodes with room, removed ones are stopped; the PS, the coordinator and the
-    other workers run on (the coordinator's leases hand the new workers shards). In hybrid mode
-    every live worker is replaced by ``count`` new ones in a new dense group (``lost``: the
-    failed worker that caused it). Raises NoRoom."""
-    hybrid = is_hybrid(job)
-    rnd = job.current_round()
-    assert rnd is not None
-    allocs = list(
-        rnd.allocations.select_for_update(of=("self",)).select_related("node").order_by("node_rank")
-    )
-    free_slots = node_views(exclude_job=job)
-    shares, live, free = [], [], []
-    live_by_node: list[list[int]] = []
-    for alloc in allocs:
-        ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
-        share = [Process(p["role"], p["index"], p["rank"]) for p in alloc.processes]
-        running = [p for i, p in enumerate(alloc.processes) if not p.get("removed") and i not in ended]
-        shares.append(share)
-        live += [p["index"] for p in running if p["role"] == "worker"]
-        live_by_node.append([p["index"] for p in running if p["role"] == "worker"] if alloc.is_live else [])
-        # A host whose part of the round has ended (all its workers done) has closed it: no new
-        # ranks start there in this round.
-        free.append(free_slots[alloc.node_id].free_slots - len(running) if alloc.is_live else 0)
-    regroup = (
-        replace_workers(shares, live_by_node, free, count)
-        if hybrid
-        else regroup_workers(shares, live, free, count)
-    )
-    if regroup is not None and lost is not None:  # the failed worker is out of the round too
-        regroup = Regroup(regroup.add, tuple(sorted({*regroup.remove, int(lost["index"])})))
-    if regroup is None:
-        raise NoRoom(f"The round's nodes have no room for {count - len(live)} more worker(s).")
-    changed: set[int] = set()
-    added_processes = list(regroup.add)
-    if hybrid and added_processes:
-        # The new workers' dense group: its store on the lowest new worker's node, at a port
-        # none of that node's processes hold (planning.Process.ports).
-        head = min(added_processes, key=lambda member: member[1].index)[0]
-        held = {port for row in allocs[head].processes for port in Process.of_row(row).ports()}
-        members = [(free_slots[allocs[position].node_id], p) for position, p in added_processes]
-        grouped = {p.index: p for p in dense_group(members, held, random.Random())}
-        added_processes = [(position, grouped[p.index]) for position, p in added_processes]
-    for position, process in added_processes:
-        allocs[position].processes = [*allocs[position].processes, process.row()]
-        changed.add(position)
-    for position, alloc in enumerate(allocs):
-        rows = [dict(p) for p in alloc.processes]
-        for row in rows:
-            if row["role"] == "worker" and row["index"] in regroup.remove:
-                row["removed"] = True
-                changed.add(position)
-        alloc.processes = rows
-    total = 0
-    for alloc in allocs:
-        alloc.nproc = max(1, sum(1 for p in alloc.processes if not p.get("removed")))
-        total += sum(1 for p in alloc.processes if not p.get("removed"))
-        alloc.save(update_fields=["processes", "nproc"])
-    rnd.world_size = max(1, total)
-    rnd.save(update_fields=["world_size"])
-    for position in sorted(changed):
-        alloc = allocs[position]
-        send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=round_spec(job, rnd, alloc))
-    added = [p.index for _, p in regroup.add]
-    if hybrid:
-        why = f"worker {lost['index']} failed" if lost else f"worker role resized to {count}"
-        events.emit(
-            "ps.worker_group_replaced",
-            f"Hybrid job: {why}; worker(s) {list(regroup.remove)} replaced by {added} in a new dense "
-            "group that loads the dense weights saved on the PS; the PS and the coordinator run on",
-            job=job,
-            severity=Severity.WARNING if lost else Severity.INFO,
-            workers=count,
-            added=added,
-            removed=list(regroup.remove),
-        )
-        return regroup
-    events.emit(
-        "ps.workers_resized",
-        f"Worker role resized in place to {count}: "
-        + (f"started worker(s) {added}" if added else f"stopping worker(s) {list(regroup.remove)}")
-        + "; the PS and the other workers run on",
-        job=job,
-        workers=count,
-        added=added,
-        removed=list(regroup.remove),
-    )
-    if regroup.remove:
-        _end_if_done(job, allocs[0], None, now)
-    return regroup
 
 
 def role_rows(job: Job, rnd: Round | None) -> list[dict[str, Any]]:

@@ -1,204 +1,43 @@
 """Membership planning: pure functions from a snapshot of the cluster to a job's next round.
 
 No database, no ORM, no messages. Given what the controller knows, as plain dataclasses
-(console/jobs/snapshot.py builds them), these say which nodes the next round has, in which
-node-rank order, with which GPUs, why, and which ranks of the previous round stop. Applying a
-plan (rows, state, commands, events) is console/jobs/rounds.py's job.
+(console/jobs/plans.py; console/jobs/snapshot.py builds them), these say which nodes the next
+round has, in which node-rank order, with which GPUs, why, and which ranks of the previous round
+stop. Applying a plan (rows, state, commands, events) is console/jobs/rounds.py's job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from console.core.states import RoundReason
+from console.jobs.plans import Hold, JobView, NodeView, Placement, Plan, Process, Snapshot, WorkerPlan
 
-
-@dataclass(frozen=True)
-class NodeView:
-    """A node as planning sees it, with the capacity the other jobs' live rounds leave free."""
-
-    id: int
-    name: str
-    takes_work: bool  # ONLINE: new rounds may be placed here
-    free_slots: int  # CPU rank slots
-    free_gpus: tuple[int, ...] = ()  # GPU indices, lowest first
-    address: str = "127.0.0.1"  # where peers reach it (a round's listeners bind there)
-    # Ports a listener here held or was handed lately (rounds' stores, PS, coordinators): a new
-    # round's listeners take others (a store left half-closed made gloo refuse the next one).
-    recent_ports: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job's shape and its current (or, while PENDING, last) round's members by node rank."""
-
-    id: int
-    name: str
-    min_nodes: int
-    max_nodes: int
-    desired_nodes: int
-    nproc_per_node: int = 1
-    gpus_per_proc: int = 0
-    priority: int = 0
-    members: tuple[int, ...] = ()
-    round_number: int = 0  # the round ``members`` are in (0: none yet)
-    round_open: bool = True  # that round has not ended: its ranks may still run and must stop
-    inplace: bool = False  # its script keeps its processes across rounds (sdk.elastic)
-    # parameter_server jobs: the PS and worker counts (0 for allreduce), and whether the workers
-    # all-reduce the dense part in a DDP group of their own (mode "hybrid").
-    ps_count: int = 0
-    workers: int = 0
-    hybrid: bool = False
-
-    @property
-    def elastic(self) -> bool:
-        return self.min_nodes < self.max_nodes
-
-    @property
-    def parameter_server(self) -> bool:
-        return self.ps_count > 0
-
-    @property
-    def slots_per_node(self) -> int:
-        """CPU slots a node of the job needs: nproc_per_node, or for a parameter-server job its
-        share of the coordinator, the PS and the workers spread over ``desired_nodes``."""
-        if not self.parameter_server:
-            return self.nproc_per_node
-        total = 1 + self.ps_count + self.workers
-        return -(-total // max(1, self.desired_nodes))
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.nproc_per_node * self.gpus_per_proc
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One job and every known node, as one decision sees them."""
-
-    job: JobView
-    nodes: Mapping[int, NodeView]
-
-    def fits(self, node: NodeView) -> bool:
-        """``node`` takes work and has room for one node's share of the job."""
-        if not node.takes_work:
-            return False
-        if self.job.gpus_per_proc:
-            return len(node.free_gpus) >= self.job.gpus_per_node
-        return node.free_slots >= self.job.slots_per_node
-
-    def members(self) -> list[NodeView]:
-        """The current round's nodes in node-rank order."""
-        return [self.nodes[pk] for pk in self.job.members if pk in self.nodes]
-
-    def survivors(self, leaving: int | None = None) -> list[NodeView]:
-        """The current round's nodes that can stay in a new round, in node-rank order: those
-        that still take work, less ``leaving`` (a node being lost, drained or restarted)."""
-        return [n for n in self.members() if n.takes_work and n.id != leaving]
-
-    def free_fitting(self, leaving: int | None = None) -> list[NodeView]:
-        """Nodes outside the round that could join it, by name."""
-        taken = set(self.job.members)
-        candidates = (n for n in self.nodes.values() if n.id not in taken and n.id != leaving)
-        return sorted((n for n in candidates if self.fits(n)), key=lambda n: n.name)
-
-    def shortfall(self) -> int:
-        """How many more fitting nodes a PENDING job needs before it can be placed."""
-        fitting = [n for n in self.nodes.values() if self.fits(n)]
-        return max(0, self.job.min_nodes - len(fitting))
-
-
-@dataclass(frozen=True)
-class Process:
-    """One process of a parameter-server round: its role ("coordinator", "ps" or "worker"), its
-    index within the role and its rank among all the round's processes; where it listens (the
-    coordinator and the PS), and a hybrid worker's place in its dense (DDP) group."""
-
-    role: str
-    index: int
-    rank: int
-    port: int | None = None
-    dense_rank: int | None = None
-    dense_world: int | None = None
-    dense_master: str | None = None  # host:port of dense rank 0's store
-
-    def row(self) -> dict[str, Any]:
-        """As ``Allocation.processes`` stores it (and protocol.PsProcess carries it)."""
-        row: dict[str, Any] = {"role": self.role, "index": self.index, "rank": self.rank}
-        if self.port is not None:
-            row["port"] = self.port
-        if self.dense_master is not None:
-            row.update(
-                dense_rank=self.dense_rank, dense_world=self.dense_world, dense_master=self.dense_master
-            )
-        return row
-
-    @classmethod
-    def of_row(cls, row: Mapping[str, Any]) -> Process:
-        dense = "dense_master" in row
-        return cls(
-            str(row["role"]),
-            int(row["index"]),
-            int(row["rank"]),
-            port=int(row["port"]) if "port" in row else None,
-            dense_rank=int(row["dense_rank"]) if dense else None,
-            dense_world=int(row["dense_world"]) if dense else None,
-            dense_master=str(row["dense_master"]) if dense else None,
-        )
-
-    def ports(self) -> set[int]:
-        """The ports it listens on (its own, and the dense store as dense rank 0)."""
-        held = {self.port} if self.port is not None else set()
-        if self.dense_master is not None and self.dense_rank == 0:
-            held.add(int(self.dense_master.rpartition(":")[2]))
-        return held
-
-
-@dataclass(frozen=True)
-class Placement:
-    """A node's place in the next round."""
-
-    node_id: int
-    node_rank: int
-    gpus: tuple[int, ...] = ()
-    processes: tuple[Process, ...] = ()  # parameter_server jobs only, by local rank
-    nproc: int = 1  # its rank processes: nproc_per_node, or its parameter-server processes
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The next round of a job, or (no placements) its return to the queue."""
-
-    reason: RoundReason
-    placements: tuple[Placement, ...]
-    stop: tuple[int, ...]  # nodes whose ranks of the previous round must stop
-    stop_at_once: bool  # the previous round is broken: no grace period
-    charged: bool  # counted against max_restarts
-    # In place: the previous round's ranks that stay, (old global rank, new global rank); their
-    # nodes keep them running and start only the others. Empty: every rank starts afresh.
-    carry_over: tuple[tuple[int, int], ...] = ()
-    carry_from: int = 0  # the round they carry over from
-    # Where rank 0's store listens (a parameter-server round: its coordinator): console/jobs/wiring.py.
-    master_addr: str = ""
-    master_port: int = 0
-
-    @property
-    def inplace(self) -> bool:
-        return bool(self.carry_over)
-
-    @property
-    def world_size(self) -> int:
-        return sum(p.nproc for p in self.placements)
-
-    @property
-    def requeue(self) -> bool:
-        return not self.placements
-
-    @property
-    def node_ids(self) -> list[int]:
-        return [p.node_id for p in self.placements]
+__all__ = [
+    "Hold",
+    "JobView",
+    "NodeView",
+    "Placement",
+    "Plan",
+    "Process",
+    "Regroup",
+    "Snapshot",
+    "WorkerPlan",
+    "assign_gpus",
+    "carried",
+    "choose",
+    "needs_growth",
+    "order_members",
+    "place_processes",
+    "plan_round",
+    "plan_workers",
+    "preemption_victims",
+    "recovery_in_place",
+    "regroup_workers",
+    "replace_workers",
+    "with_processes",
+]
 
 
 def order_members(previous: Sequence[int], chosen: Iterable[NodeView]) -> list[NodeView]:
@@ -292,6 +131,61 @@ def replace_workers(
     return Regroup(grown.add, removed)
 
 
+def plan_workers(
+    snap: Snapshot, reason: RoundReason, count: int, lost: int | None = None
+) -> WorkerPlan | None:
+    """Bring the job's current parameter-server round to ``count`` live workers in place: new
+    ones on the round's nodes with room (a host whose part has ended takes none), removed ones
+    stopped. In hybrid mode every live worker is replaced by ``count`` new ones in a new dense
+    group (console/jobs/wiring.py wires it); ``lost``: the failed worker that broke it, out of
+    the round too (``reason`` FAILURE: charged). None when the nodes have no room."""
+    job = snap.job
+    shares = job.processes
+    running = [
+        [p for p in share if p.running] if live else []
+        for share, live in zip(shares, job.member_live, strict=True)
+    ]
+    workers = [[p.index for p in share if p.role == "worker"] for share in running]
+    # The job's own processes are not in the snapshot's free capacity: a node's room is its
+    # free slots less what runs there now.
+    free = [
+        snap.nodes[pk].free_slots - len(share) if live and pk in snap.nodes else 0
+        for pk, share, live in zip(job.members, running, job.member_live, strict=True)
+    ]
+    if job.hybrid:
+        regroup = replace_workers(shares, workers, free, count)
+    else:
+        regroup = regroup_workers(shares, [i for node in workers for i in node], free, count)
+    if regroup is None:
+        return None
+    removed = set(regroup.remove) | ({lost} if lost is not None else set())
+    joined = "replacement" if lost is not None else "resize"
+    placements = []
+    changed = []
+    for position, (pk, share) in enumerate(zip(job.members, shares, strict=True)):
+        after = [
+            replace(p, removed=True) if p.role == "worker" and p.index in removed and not p.removed else p
+            for p in share
+        ]
+        after += [replace(p, joined=joined) for at, p in regroup.add if at == position]
+        if tuple(after) != share:
+            changed.append(pk)
+        nproc = max(1, sum(1 for p in after if not p.removed))
+        placements.append(Placement(pk, position, processes=tuple(after), nproc=nproc))
+    return WorkerPlan(
+        reason=reason,
+        round_number=job.round_number,
+        workers=count,
+        placements=tuple(placements),
+        changed=tuple(changed),
+        added=tuple(p.index for _, p in regroup.add),
+        removed=tuple(sorted(removed)),
+        charged=reason.charged,
+        hybrid=job.hybrid,
+        lost=lost,
+    )
+
+
 def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
     """``members`` plus ``candidates`` in order until there are ``target``."""
     grown = list(members)
@@ -310,7 +204,7 @@ def choose(
     node count a preemption shrinks to."""
     job = snap.job
     if reason in (RoundReason.START, RoundReason.RESUME):
-        fitting = sorted((n for n in snap.nodes.values() if snap.fits(n)), key=lambda n: n.name)
+        fitting = snap.fitting()
         return fitting[: job.desired_nodes] if len(fitting) >= job.min_nodes else None
     if reason in (RoundReason.RESTART, RoundReason.FALLBACK):
         return snap.members() or None
@@ -344,16 +238,12 @@ def plan_round(
     *,
     leaving: int | None = None,
     target: int | None = None,
-    previous_failed: bool = False,
-    previous_running: bool = True,
-    failed_ranks: Sequence[int] = (),
     recover_in_place: bool = False,
 ) -> Plan | None:
     """The plan for ``reason``, or None when the job's membership should stay as it is.
 
-    ``previous_failed``: a rank of the current round failed, so it is broken like a lost node's.
-    ``previous_running``: the current round's ranks still run (an in-place round needs them).
-    ``failed_ranks``: the global ranks of the current round that failed (a FAILURE).
+    The job's current round as the snapshot has it: failed (broken like a lost node's), still
+    running (an in-place round needs its ranks), and its failed ranks (a FAILURE).
     ``recover_in_place``: a rank failure or node loss of an in-place job keeps the survivors
     running (settings.INPLACE_RECOVERY); see :func:`recovery_in_place`.
     """
@@ -361,11 +251,12 @@ def plan_round(
     if chosen is None:
         return None
     members = order_members(snap.job.members, chosen)
+    previous_running = snap.job.round_running
     plan = None
     if recover_in_place and members and previous_running:
-        plan = recovery_in_place(snap, reason, members, failed_ranks)
+        plan = recovery_in_place(snap, reason, members, snap.job.failed_ranks)
     if plan is None:
-        broken = previous_failed or reason.breaks_previous
+        broken = snap.job.round_failed or reason.breaks_previous
         kept = {n.id for n in members}
         if not members or broken:
             stop = snap.job.members

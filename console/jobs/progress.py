@@ -26,15 +26,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
+from console.core import events
 from console.core.states import JobState
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.parameter_server import latest_values
-from console.telemetry import events
-from console.telemetry.downsample import series_names
-from console.telemetry.models import MetricRollup
 from workers import protocol
 
 log = logging.getLogger(__name__)
@@ -220,17 +218,34 @@ def record_heartbeat(
 
 def last_logged_step(job: Job, number: int) -> int | None:
     """The newest step logged in round ``number``: each series' newest tile of the round (a short
-    backward walk of the tiles' (job, name, bucket_step) index; per-layer norms left out)."""
-    steps = [
-        MetricRollup.objects.filter(job=job, name=name, round_number=number)
-        .order_by("-bucket_step")
-        .values_list("last_step", flat=True)
-        .first()
-        for name in series_names(job.pk)
-        if name != "total_steps" and not name.startswith("grad_norm/")
-    ]
-    found = [s for s in steps if s is not None]
-    return max(found) if found else None
+    backward walk of the tiles' (job, name, bucket_step) index per name, the names found by a
+    skip scan of the same index; per-layer norms left out). It reads the telemetry app's tiles
+    table by SQL, as ``parameter_server.latest_values`` reads its points: jobs does not import
+    telemetry, which reads jobs (tests/test_app_imports.py)."""
+    sql = """
+        WITH RECURSIVE names(name) AS (
+            (SELECT name FROM telemetry_metricrollup WHERE job_id = %(job)s ORDER BY name LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.name FROM telemetry_metricrollup r
+                    WHERE r.job_id = %(job)s AND r.name > names.name ORDER BY r.name LIMIT 1)
+            FROM names WHERE names.name IS NOT NULL
+        )
+        SELECT max(tile.last_step)
+        FROM names
+        CROSS JOIN LATERAL (
+            SELECT last_step FROM telemetry_metricrollup
+            WHERE job_id = %(job)s AND name = names.name AND round_number = %(round)s
+            ORDER BY bucket_step DESC
+            LIMIT 1
+        ) tile
+        WHERE names.name IS NOT NULL
+          AND names.name <> 'total_steps'
+          AND NOT starts_with(names.name, 'grad_norm/')
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, {"job": job.pk, "round": number})
+        row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def settle(job: Job) -> bool:

@@ -15,7 +15,9 @@ from typing import Any
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.core import events
 from console.core.decision import decision
+from console.core.events import Severity
 from console.core.states import AllocationState, JobState, RoundPhase
 from console.core.transport import send_on_commit
 from console.jobs import inplace, progress
@@ -25,8 +27,6 @@ from console.jobs.parameter_server import is_worker_exit, worker_exited
 from console.jobs.rounds import finish_job, send_stop
 from console.jobs.snapshot import live_allocations
 from console.jobs.spec import round_spec
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 from workers.protocol import InplaceStatus, RankState, RoundState
 

@@ -10,7 +10,9 @@ stops) and goes through its change once, in three steps:
 3. send: the agents' commands (stops, then starts), on commit.
 
 ``apply_plan`` takes any new round of a job, parameter-server rounds included: a Plan in, rows,
-events and commands out.
+events and commands out. ``apply_workers`` takes a parameter-server round's worker change in place
+(a WorkerPlan: the same round, its hosts' processes rewritten, the hosts concerned sent the round
+again).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from typing import Any
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.core import events
+from console.core.events import Severity
 from console.core.states import AllocationState, JobState, RoundOutcome, RoundPhase
 from console.core.transport import request_tick, send_on_commit
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import Plan
+from console.jobs.planning import Plan, WorkerPlan
 from console.jobs.spec import round_spec
-from console.telemetry import events
-from console.telemetry.models import Severity
 from workers import protocol
 
 _OUTCOME_OF_ENDING = {
@@ -91,6 +93,63 @@ def apply_plan(job: Job, plan: Plan, note: Note | None = None) -> Round | None:
             spec = round_spec(job, rnd, alloc, allocations)
             send_on_commit(protocol.AGENT_START_ROUND, alloc.node.queue, spec=spec)
     return rnd
+
+
+def apply_workers(job: Job, plan: WorkerPlan) -> Round:
+    """Carry out ``plan`` for ``job`` (locked by the caller) in its current round."""
+    rnd = job.rounds.get(number=plan.round_number)
+    allocations = list(rnd.allocations.select_for_update(of=("self",)).select_related("node"))
+    by_node = {alloc.node_id: alloc for alloc in allocations}
+    # 1. persist
+    if plan.charged:
+        job.restarts += 1
+        job.save(update_fields=["restarts"])
+    for place in plan.placements:
+        alloc = by_node[place.node_id]
+        alloc.processes = [process.row() for process in place.processes]
+        alloc.nproc = place.nproc
+        alloc.save(update_fields=["processes", "nproc"])
+    rnd.world_size = plan.world_size
+    rnd.save(update_fields=["world_size"])
+    # 2. emit
+    _workers_event(job, plan)
+    # 3. send
+    for pk in plan.changed:
+        spec = round_spec(job, rnd, by_node[pk], allocations)
+        send_on_commit(protocol.AGENT_START_ROUND, by_node[pk].node.queue, spec=spec)
+    return rnd
+
+
+def _workers_event(job: Job, plan: WorkerPlan) -> None:
+    added, removed = list(plan.added), list(plan.removed)
+    if plan.hybrid:
+        why = (
+            f"worker {plan.lost} failed (restart {job.restarts} of {job.max_restarts})"
+            if plan.lost is not None
+            else f"worker role resized to {plan.workers}"
+        )
+        events.emit(
+            "ps.worker_group_replaced",
+            f"Hybrid job: {why}; worker(s) {removed} replaced by {added} in a new dense group that "
+            "loads the dense weights saved on the PS; the PS and the coordinator run on",
+            job=job,
+            severity=Severity.WARNING if plan.lost is not None else Severity.INFO,
+            workers=plan.workers,
+            added=added,
+            removed=removed,
+            charged=plan.charged,
+        )
+        return
+    events.emit(
+        "ps.workers_resized",
+        f"Worker role resized in place to {plan.workers}: "
+        + (f"started worker(s) {added}" if added else f"stopping worker(s) {removed}")
+        + "; the PS and the other workers run on",
+        job=job,
+        workers=plan.workers,
+        added=added,
+        removed=removed,
+    )
 
 
 def _new_round(job: Job, plan: Plan, nodes: dict[int, Node]) -> tuple[Round, list[Allocation]]:

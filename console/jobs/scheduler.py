@@ -7,14 +7,15 @@ later jobs wait behind it. Once the queue is empty, elastic jobs grow toward the
 
 from __future__ import annotations
 
-from console.cluster.watch import detect_lost_nodes, progress_drains
+from console.cluster.watch import detect_lost_nodes
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs.failures import settle_failed_rounds
 from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
-from console.jobs.planning import needs_growth, preemption_victims
+from console.jobs.node_changes import progress_drains
+from console.jobs.planning import Snapshot, needs_growth, preemption_victims
 from console.jobs.progress import settle_finished
 from console.jobs.snapshot import job_view, snapshot
 
@@ -35,15 +36,20 @@ def tick() -> None:
 
 
 def schedule() -> None:
-    """Place pending jobs (gang: at least MIN nodes or nothing), then grow elastic jobs."""
+    """Place pending jobs (gang: at least MIN nodes or nothing), then grow elastic jobs. Each
+    job's snapshot is read once: a preemption's effect on the pending job is carried forward."""
     with decision():
         for pending in Job.objects.filter(state=JobState.PENDING).order_by(*PENDING_ORDER):
             job = Job.lock(pending.pk)
             if job.state != JobState.PENDING:
                 continue
-            if snapshot(job).shortfall() and not _room_made_for(job):
-                break  # FIFO within a priority: later jobs wait behind this one
-            change_membership(job, RoundReason.RESUME if job.round_number else RoundReason.START)
+            snap = snapshot(job)
+            if snap.shortfall():
+                snap = _make_room_for(job, snap)
+                if snap.shortfall():
+                    break  # FIFO within a priority: later jobs wait behind this one
+            reason = RoundReason.RESUME if job.round_number else RoundReason.START
+            change_membership(job, reason, snap=snap)
         _grow_elastic_jobs()
 
 
@@ -52,21 +58,27 @@ def _grow_elastic_jobs() -> None:
         return  # free capacity belongs to the queue first
     for candidate in Job.objects.filter(state=JobState.RUNNING).order_by("-priority", "created_at"):
         job = Job.lock(candidate.pk)
-        if job.current_round() is not None and needs_growth(job_view(job)):
-            change_membership(job, RoundReason.AUTOSCALE)
+        view = job_view(job)
+        if view.round_number and needs_growth(view):
+            change_membership(job, RoundReason.AUTOSCALE, snap=snapshot(job, view))
 
 
-def _room_made_for(job: Job) -> bool:
-    """Preempt for ``job``; True when it then fits."""
-    return _make_room_for(job, snapshot(job).shortfall()) and not snapshot(job).shortfall()
-
-
-def _make_room_for(job: Job, needed: int) -> bool:
-    """Shrink lower-priority elastic jobs toward MIN so ``job`` fits. Returns True if any shrank."""
+def _make_room_for(job: Job, snap: Snapshot) -> Snapshot:
+    """Shrink lower-priority elastic jobs toward MIN so ``job`` fits; returns ``job``'s snapshot
+    as it is then (what the shrunk jobs gave back is free)."""
     running = Job.objects.filter(
         state__in=[JobState.RUNNING, JobState.STARTING, JobState.RESIZING], priority__lt=job.priority
     ).order_by("priority", "-created_at")
-    victims = preemption_victims(job_view(job), needed, [job_view(v) for v in running])
-    for victim_id, keep in victims:
-        change_membership(Job.lock(victim_id), RoundReason.PREEMPTION, target=keep, for_job=job.name)
-    return bool(victims)
+    views = {view.id: view for view in (job_view(v) for v in running)}
+    for victim_id, keep in preemption_victims(snap.job, snap.shortfall(), list(views.values())):
+        victim = Job.lock(victim_id)
+        plan = change_membership(
+            victim,
+            RoundReason.PREEMPTION,
+            target=keep,
+            for_job=job.name,
+            snap=snapshot(victim, views[victim_id]),
+        )
+        if plan is not None:
+            snap = snap.after(views[victim_id], plan)
+    return snap

@@ -1,7 +1,10 @@
-"""Reads what planning needs from the database: nodes with their free capacity, jobs' members.
+"""Reads what planning needs from the database: nodes with their free capacity, a job's view.
 
-The one place that turns rows into console/jobs/planning.py's plain dataclasses. A node's free
-capacity is its slots and GPUs less what the live rounds of the other jobs hold.
+The one place that turns rows into console/jobs/plans.py's plain dataclasses, for planning and
+for the pages (console/web/nodes.py: why a pending job waits). A node's free capacity is its
+slots and GPUs less what the live rounds of the other jobs hold. One decision reads one snapshot
+of a job: what it changes later in the same tick is carried forward without reading again
+(``Snapshot.after``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from django.utils import timezone
 from console.cluster.models import Gpu, Node
 from console.core.states import AllocationState, JobState, NodeState
 from console.jobs.models import Allocation, Job, Round
-from console.jobs.planning import JobView, NodeView, Process, Snapshot
+from console.jobs.plans import Hold, JobView, NodeView, Process, Snapshot
 
 # A listener's port is not handed out again on its node for this long after its round began
 # (or while its round lives): long enough for any socket of that round to be gone.
@@ -37,8 +40,13 @@ def members(rnd: Round | None) -> list[Node]:
     return [a.node for a in rnd.allocations.select_related("node").order_by("node_rank")]
 
 
-def job_view(job: Job) -> JobView:
-    rnd = job.current_round()
+def job_view(job: Job, rnd: Round | None = None) -> JobView:
+    """``job`` as planning and the pages see it, with its current round (``rnd`` when the
+    caller has read it, with its allocations prefetched or not; else read here)."""
+    rnd = rnd if rnd is not None else job.current_round()
+    allocs = sorted(rnd.allocations.all(), key=lambda a: a.node_rank) if rnd is not None else []
+    live = rnd is not None and job.job_state.is_active and rnd.number == job.round_number
+    parameter_server = job.is_parameter_server
     return JobView(
         id=job.pk,
         name=job.name,
@@ -48,14 +56,47 @@ def job_view(job: Job) -> JobView:
         nproc_per_node=job.nproc_per_node,
         gpus_per_proc=job.gpus_per_proc,
         priority=job.priority,
-        members=tuple(n.pk for n in members(rnd)),
+        members=tuple(a.node_id for a in allocs),
         round_number=rnd.number if rnd is not None else 0,
         round_open=rnd is not None and not rnd.ended,
-        ps_count=job.role_count("ps") if job.is_parameter_server else 0,
-        workers=job.role_count("worker") if job.is_parameter_server else 0,
-        hybrid=job.is_parameter_server and job.roles.get("ps", {}).get("mode") == "hybrid",
-        inplace=job.inplace and not job.is_parameter_server,
+        round_failed=rnd is not None and rnd.failed,
+        round_running=rnd is not None and rnd.round_state.may_carry_over,
+        failed_ranks=failed_ranks(rnd, allocs),
+        holds=tuple(
+            Hold(
+                a.node_id,
+                0 if job.gpus_per_proc else a.nproc,
+                tuple(a.gpu_indices) if job.gpus_per_proc else (),
+            )
+            for a in allocs
+            if live and a.is_live
+        ),
+        ps_count=job.role_count("ps") if parameter_server else 0,
+        workers=job.role_count("worker") if parameter_server else 0,
+        hybrid=parameter_server and job.roles.get("ps", {}).get("mode") == "hybrid",
+        inplace=job.inplace and not parameter_server,
+        processes=tuple(processes_of(a) for a in allocs) if parameter_server else (),
+        member_live=tuple(a.is_live for a in allocs),
     )
+
+
+def failed_ranks(rnd: Round | None, allocs: list[Allocation]) -> tuple[int, ...]:
+    """The round's failed global ranks (its first failure's rank; any others it reported)."""
+    if rnd is None:
+        return ()
+    ranks = {int(rnd.failure["rank"])} if rnd.failure and "rank" in rnd.failure else set()
+    for alloc in allocs:
+        for exit in alloc.exit_info.get("exits", []):
+            if exit.get("exit_code") not in (0, None) or exit.get("signal"):
+                ranks.add(int(exit["rank"]))
+    return tuple(sorted(ranks))
+
+
+def processes_of(alloc: Allocation) -> tuple[Process, ...]:
+    """A parameter-server allocation's processes by local rank, each marked ended once its host
+    reported its exit."""
+    ended = {e.get("local_rank") for e in alloc.exit_info.get("exits", [])}
+    return tuple(Process.of_row(row, ended=i in ended) for i, row in enumerate(alloc.processes))
 
 
 def node_views(exclude_job: Job | None = None) -> dict[int, NodeView]:
@@ -106,5 +147,6 @@ def recent_ports() -> dict[int, set[int]]:
     return ports
 
 
-def snapshot(job: Job) -> Snapshot:
-    return Snapshot(job_view(job), node_views(exclude_job=job))
+def snapshot(job: Job, view: JobView | None = None) -> Snapshot:
+    """``job`` (its ``view`` when the caller has built it) and every node, as one decision sees them."""
+    return Snapshot(view if view is not None else job_view(job), node_views(exclude_job=job))

@@ -1,6 +1,7 @@
 """Where a planned round's listeners go: pure functions, like console/jobs/planning.py.
 
-A plan says which nodes and processes a round has; ``wire`` adds where they listen: a port for
+A plan says which nodes and processes a round has; ``wire`` adds where they listen (and
+``wire_workers`` does for the workers a parameter-server round gains in place): a port for
 the coordinator and each PS, hybrid workers' dense (DDP) group and its store, rank 0's store
 (MASTER_ADDR/MASTER_PORT; a parameter-server round's is its coordinator). Every port is new to
 its node (``NodeView.recent_ports``: a torchrun restart that reused its store's port failed
@@ -13,7 +14,7 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from console.jobs.planning import NodeView, Plan, Process, Snapshot
+from console.jobs.planning import NodeView, Plan, Process, Snapshot, WorkerPlan
 
 # Listen ports: below Linux's ephemeral range (32768+) so outgoing connections never hold a
 # port handed to a listener.
@@ -95,3 +96,34 @@ def wire(snap: Snapshot, plan: Plan, rng: random.Random | None = None) -> Plan:
         master_addr=head.address,
         master_port=master_port or pick_port(head, (), rng),
     )
+
+
+def wire_workers(snap: Snapshot, plan: WorkerPlan, rng: random.Random | None = None) -> WorkerPlan:
+    """A hybrid job's new workers made one dense group: its store on the lowest new worker's
+    node, at a port none of that node's processes in the round hold nor held lately. Workers
+    added to an async or sync round listen nowhere: ``plan`` as is."""
+    new = [
+        (place, p)
+        for place in plan.placements
+        for p in place.processes
+        if p.role == "worker" and p.index in plan.added
+    ]
+    if not plan.hybrid or not new:
+        return plan
+    rng = rng or random.Random()
+    head = min(new, key=lambda member: member[1].index)[0]
+    held = {port for p in head.processes for port in p.ports()}
+    grouped = {
+        p.index: p for p in dense_group([(snap.nodes[place.node_id], p) for place, p in new], held, rng)
+    }
+    placements = tuple(
+        replace(
+            place,
+            processes=tuple(
+                grouped.get(p.index, p) if p.index in plan.added and p.role == "worker" else p
+                for p in place.processes
+            ),
+        )
+        for place in plan.placements
+    )
+    return replace(plan, placements=placements)

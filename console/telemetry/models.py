@@ -3,13 +3,8 @@ from __future__ import annotations
 from django.db import models
 
 from console.cluster.models import Node
+from console.core.events import Severity
 from console.jobs.models import Job
-
-
-class Severity(models.TextChoices):
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
 
 
 class Event(models.Model):

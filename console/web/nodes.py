@@ -1,8 +1,9 @@
 """Node page and queue data: what a node holds and held, and why each pending job waits.
 
 The queue is read in the scheduler's order (console.jobs.scheduler.PENDING_ORDER: priority, then
-submission time) and each job's wait explained from the same free-capacity view the scheduler
-places by (console.jobs.snapshot.node_views), computed once for the whole queue.
+submission time) and each job's wait explained from the views the scheduler plans by: the job's
+own (console.jobs.snapshot.job_view: a parameter-server job's share of its processes, not
+nproc_per_node) and the free capacity (node_views), computed once for the whole queue.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from django.db.models import F
 from console.cluster.models import Node
 from console.core.states import JobState
 from console.jobs.models import Allocation, AllocationState, Job
-from console.jobs.planning import JobView, Snapshot
+from console.jobs.planning import Snapshot
+from console.jobs.queries import attach_current_rounds
 from console.jobs.scheduler import PENDING_ORDER
-from console.jobs.snapshot import node_views
+from console.jobs.snapshot import job_view, node_views
 from console.telemetry.models import Event
 
 QUEUE_SHOWN = 50
@@ -31,12 +33,6 @@ class QueueEntry:
     why: str
 
 
-def _needs(job: Job) -> str:
-    if job.gpus_per_proc:
-        return f"{job.nproc_per_node * job.gpus_per_proc} free GPU(s)"
-    return f"{job.nproc_per_node} free slot(s)"
-
-
 def pending_queue() -> list[QueueEntry]:
     """Pending jobs in placement order, each with the reason it is not running yet."""
     jobs = list(
@@ -47,6 +43,7 @@ def pending_queue() -> list[QueueEntry]:
     if not jobs:
         return []
     nodes = node_views()
+    attach_current_rounds(jobs)
     last_pending = {
         e.job_id: e.message
         for e in Event.objects.filter(job__in=jobs, kind="job.pending")
@@ -56,21 +53,11 @@ def pending_queue() -> list[QueueEntry]:
     entries = []
     blocked_by: Job | None = None
     for position, job in enumerate(jobs, start=1):
-        shape = JobView(
-            id=job.pk,
-            name=job.name,
-            min_nodes=job.min_nodes,
-            max_nodes=job.max_nodes,
-            desired_nodes=job.desired_nodes,
-            nproc_per_node=job.nproc_per_node,
-            gpus_per_proc=job.gpus_per_proc,
-            priority=job.priority,
-        )
-        view = Snapshot(shape, nodes)
-        fitting = sum(1 for n in nodes.values() if view.fits(n))
-        if fitting < job.min_nodes:
+        view = Snapshot(job_view(job, job.current_round_cached), nodes)  # type: ignore[attr-defined]
+        fitting = len(view.fitting())
+        if view.shortfall():
             why = (
-                f"Needs {job.min_nodes} node(s) with {_needs(job)} each; "
+                f"Needs {job.min_nodes} node(s) with {view.job.needs()} each; "
                 f"{fitting} {'has' if fitting == 1 else 'have'} room now."
             )
             blocked_by = blocked_by or job

@@ -17,7 +17,6 @@ from console.api.pagination import decode_cursor, encode_cursor, key_of, keyset_
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
-from console.experiments.trackers import tracker_links
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
@@ -26,6 +25,7 @@ from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
 from console.web.job_page import page_config
 from console.web.nodes import node_context, pending_queue
+from console.web.trackers import tracker_links
 
 JOBS_PER_PAGE = 25
 EVENTS_SHOWN = 100

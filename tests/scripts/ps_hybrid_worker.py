@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from datetime import timedelta
@@ -43,8 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     index = int(os.environ.get("TRAINYARD_PS_INDEX", "0"))
     prefix = args.prefix.replace("{index}", str(index))
-    stop: list[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    sdk.install_stop_handler()  # SIGTERM: stop after this batch (passes() tells the whole group)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo", timeout=timedelta(seconds=20))
@@ -59,25 +57,27 @@ def main() -> int:
     model: nn.Module = DistributedDataParallel(dense) if world > 1 else dense
     saved_at = ps._dense_saved_at
     joinables: list[Joinable] = [model] if isinstance(model, DistributedDataParallel) else []
-    with Join(joinables) if joinables else contextlib.nullcontext():
-        for batch in ps.batches(sdk.ps.Dataset(args.examples, args.shard_size, args.batch_size, 1)):
-            if stop:
-                break
-            with ps.step(batch):
-                ids = torch.arange(batch.start, batch.end)
-                x = torch.sin(ids[:, None].float() * torch.arange(1, 5).float())
-                y = torch.cos(ids.float())[:, None]
-                loss = (model(x) - y).pow(2).mean() + 0.01 * rows(ids[:, None]).sum()
-                loss.backward()
-            if ps.pushes == 1:
-                with open(prefix + ".first", "w") as handle:
-                    json.dump({"pid": os.getpid()}, handle)
-            if ps._dense_saved_at != saved_at:
-                saved_at = ps._dense_saved_at
-                with open(prefix + ".saved.jsonl", "a") as handle:
-                    handle.write(json.dumps(weights(dense)) + "\n")
-            if args.sleep:
-                time.sleep(args.sleep)
+    dataset = sdk.ps.Dataset(args.examples, args.shard_size, args.batch_size, 1)
+    for batches in ps.passes(dataset):  # one Join per pass: see sdk.ps.Session.passes
+        with Join(joinables) if joinables else contextlib.nullcontext():
+            for batch in batches:
+                if sdk.stop_requested():
+                    break
+                with ps.step(batch):
+                    ids = torch.arange(batch.start, batch.end)
+                    x = torch.sin(ids[:, None].float() * torch.arange(1, 5).float())
+                    y = torch.cos(ids.float())[:, None]
+                    loss = (model(x) - y).pow(2).mean() + 0.01 * rows(ids[:, None]).sum()
+                    loss.backward()
+                if ps.pushes == 1:
+                    with open(prefix + ".first", "w") as handle:
+                        json.dump({"pid": os.getpid()}, handle)
+                if ps._dense_saved_at != saved_at:
+                    saved_at = ps._dense_saved_at
+                    with open(prefix + ".saved.jsonl", "a") as handle:
+                        handle.write(json.dumps(weights(dense)) + "\n")
+                if args.sleep:
+                    time.sleep(args.sleep)
     saves = ps.saves_dense
     ps.close()  # rank 0 saves its dense weights once more
     if saves:

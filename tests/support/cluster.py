@@ -86,8 +86,8 @@ class Cluster:
         return job
 
     def progress(self, job: Job) -> list[dict[str, Any]]:
-        path: Path = job.progress_file  # type: ignore[attr-defined]
-        if not path.exists():
+        path: Path | None = getattr(job, "progress_file", None)  # submit_ddp's jobs only
+        if path is None or not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

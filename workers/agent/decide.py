@@ -11,6 +11,8 @@ launches; the round passed in is not changed.
   the round once no rank runs; keep what an in-place round's ranks say (`NoteInplace`) and, when
   they start waiting for the next round after a peer's failure, tell the controller at once
   (`Poke`: the heartbeat that says so is the host's proof of life for the failure's settlement).
+  A round ends FAILED if one of its ranks failed; a parameter-server round's part stays open until
+  the controller ends it (`held_open`).
 """
 
 from __future__ import annotations
@@ -243,18 +245,6 @@ def decide_tick(
             actions.extend(stop)
             state = LocalState.FAILING
             deadline = next(a.at for a in stop if isinstance(a, SetDeadline))
-        elif (
-            not running
-            and state is LocalState.RUNNING
-            and any(
-                rank.state == RankState.FAILED and not survivable(local.spec, rank.local_rank)
-                for rank in local.ranks
-            )
-        ):
-            # The last rank here ended after a peer failed earlier (kept for an in-place
-            # recovery that did not come): the round failed.
-            actions.append(Move(LocalState.FAILING))
-            state = LocalState.FAILING
     for look in seen.ranks:
         if (
             look.ended is None
@@ -268,6 +258,25 @@ def decide_tick(
         state = KILLING[state]
         actions.append(Move(state))
         actions.extend(Kill(rank, signal.SIGKILL) for rank in running.values())
+    if not running and state is LocalState.RUNNING:
+        if held_open(local):
+            return actions
+        # The last rank here ended after a peer failed earlier (kept for an in-place recovery
+        # that did not come), or a rank that ended now failed: the round failed. A rank that
+        # exited non-zero never ends its round as succeeded.
+        if any(rank.state == RankState.FAILED for rank in local.ranks) or any(
+            isinstance(action, Reap) and action.state == RankState.FAILED for action in actions
+        ):
+            actions.append(Move(LocalState.FAILING))
+            state = LocalState.FAILING
     if not running and state is not LocalState.STARTING:
         actions.append(End(OUTCOMES[state]))
     return actions
+
+
+def held_open(local: LocalRound) -> bool:
+    """A parameter-server round's part on this host stays open once its ranks have all ended
+    (only workers end on their own): the controller may start more workers here in the same
+    round (a resize, a hybrid job's new dense group), and it ends the round itself (the job's
+    end, or a new round)."""
+    return "ps" in local.spec

@@ -19,7 +19,8 @@ PS version minus TRAINYARD_PS_MAX_STALENESS is refused and the batch recomputed)
 (``batches`` passes the coordinator's step barrier; the PS applies one averaged update per step)
 and ``hybrid`` (rows asynchronous on the PS; ``dense`` keeps the module local with a torch
 optimizer: wrap it in DistributedDataParallel yourself, over the worker role's process group,
-and iterate inside ``torch.distributed.algorithms.Join`` since workers get uneven shard counts).
+and iterate ``for batches in ps.passes(dataset): with Join([ddp]): for batch in batches: ...``:
+workers get uneven shard counts, and one may have none while a peer all-reduces the last).
 In hybrid mode the PS also keeps a copy of the dense weights: ``dense`` loads it (the first
 worker's initial values, or the weights saved before a new worker round), and the dense group's
 rank 0 saves its weights there every TRAINYARD_PS_DENSE_SAVE_S seconds (default 10) and on
@@ -67,6 +68,8 @@ __all__ = [
 STATS_EVERY = 20
 STATS_EVERY_S = 5.0
 ENV_DENSE_SAVE_S = "TRAINYARD_PS_DENSE_SAVE_S"
+# Hybrid mode: how long a worker whose peers hold the last shards waits before asking again.
+PASS_POLL_S = 0.05
 
 
 def SGD(lr: float) -> OptimizerConfig:
@@ -311,6 +314,43 @@ class Session:
             while self._retry is not None:
                 retry, self._retry = self._retry, None
                 yield retry
+
+    def passes(self, dataset: Dataset) -> Iterator[Iterator[Batch]]:
+        """``batches`` for a loop whose every step is a collective of the hybrid dense group (DDP
+        under ``Join``): in passes, one ``Join`` each. A pass ends on this worker when the
+        coordinator has no shard for it now (the epoch's last shards are with its peers, whose
+        collectives it then shadows) or none at all; then the group decides together whether
+        another pass follows (none once a member saw the end or was asked to stop). Without
+        passes the worker polling for a shard and its peer all-reducing the last one wait for each
+        other for good. Outside hybrid mode, or without a process group: one pass, ``batches``."""
+        distributed = torch.distributed
+        if not (self.mode is Mode.HYBRID and distributed.is_available() and distributed.is_initialized()):
+            yield self.batches(dataset)
+            return
+        from workers.sdk.stop import stop_requested
+
+        self.coordinator.register(dataset)
+        while True:
+            seen: list[bool] = []  # [True] once a batch came; [False] at the end of every epoch
+            yield self._pass(seen)
+            over = (bool(seen) and not seen[-1]) or stop_requested()
+            flag = torch.tensor([1.0 if over else 0.0], device=self.device)
+            distributed.all_reduce(flag, op=distributed.ReduceOp.MAX)
+            if flag.item():
+                return
+            if not seen:
+                time.sleep(PASS_POLL_S)  # the shards are with the peers: ask again shortly
+
+    def _pass(self, seen: list[bool]) -> Iterator[Batch]:
+        for batch in self.coordinator.batches(wait=False):
+            if batch is None:
+                return
+            seen[:] = [True]
+            yield batch
+            while self._retry is not None:
+                retry, self._retry = self._retry, None
+                yield retry
+        seen[:] = [False]
 
     def _sync_batches(self) -> Iterator[Batch]:
         for batch in self.coordinator.batches(wait=False):

@@ -103,7 +103,8 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "examples": Hyperparameter(
                 0,
                 int,
-                "parameter_server strategy: examples per epoch (0 = steps x batch_size x initial workers)",
+                "parameter_server strategy: examples per epoch (0 = steps x batch_size x the workers "
+                "asked for at submission; fixed then, a resize does not change it)",
                 0,
             ),
             "epochs": Hyperparameter(1, int, "parameter_server strategy: passes over the examples", 1),
@@ -131,6 +132,15 @@ WORKLOADS: dict[str, WorkloadInfo] = {
         inplace=True,
     ),
 }
+
+
+def parameter_server_examples(hyperparameters: dict[str, Any], workers: int) -> int:
+    """recsys-embedding's examples per epoch as a parameter-server job: ``examples``, or when 0
+    steps x batch_size x ``workers``. The console fixes it when the job is submitted (with the
+    worker count asked for then): every worker the job ever starts, a resize's too, must declare
+    the same dataset to the coordinator, which refuses any other."""
+    given = int(hyperparameters.get("examples") or 0)
+    return given or int(hyperparameters["steps"]) * int(hyperparameters["batch_size"]) * max(1, workers)
 
 
 def validate_hyperparameters(name: str, values: dict[str, Any] | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.workloads.catalog import parameter_server_examples
 from workers.workloads.common import Runtime, Task, seeded
 
 # P(id < k) = (k / rows) ** (1 / ID_SKEW): with 3, a tenth of impressions hit the top 0.1 % ids.
@@ -228,8 +229,9 @@ def train_ps(
         wrapped = DistributedDataParallel(
             model, device_ids=[runtime.local_rank] if device.type == "cuda" else None
         )
-    workers = max(1, session.env.worker_count)
-    examples = hp["examples"] or hp["steps"] * hp["batch_size"] * workers
+    # Fixed by the console at submission; the worker count is only a fallback for runs started
+    # without the console (tests, bench/ps), whose workers all start together.
+    examples = parameter_server_examples(hp, session.env.worker_count)
     dataset = sdk_ps.Dataset(examples, hp["batch_size"] * hp["shard_batches"], hp["batch_size"], hp["epochs"])
     held_out = tuple(t.to(device) for t in log.sample(hp["eval_samples"], seeded(hp["seed"], -1)))
     is_main = session.env.index == 0
@@ -245,39 +247,44 @@ def train_ps(
             values["loss"] = loss
         sdk.log(step, **values)
 
+    def train(batch: Any) -> float:
+        step_number = session.pushes + 1
+        with timer(step_number):
+            features = tuple(t.to(device) for t in log.examples(batch.start, batch.end, hp["seed"]))
+            dense_in, users, items, categories, history, clicks = features
+            with session.step(batch) as step:
+                step.prefetch(
+                    {
+                        "users": users,
+                        "items": torch.cat([items, history.reshape(-1)]),
+                        "categories": categories,
+                    }
+                )
+                with runtime.autocast():
+                    logits = wrapped(dense_in, users, items, categories, history)
+                loss = F.binary_cross_entropy_with_logits(logits.float(), clicks)
+                loss.backward()
+                if hp["grad_clip"] > 0:
+                    torch.nn.utils.clip_grad_norm_(dense.parameters(), hp["grad_clip"])
+            timer.count(batch.examples)
+        if on_batch is not None:
+            on_batch(session, batch)
+        return float(loss.detach())
+
     # Workers get uneven numbers of batches from the shard queue: Join keeps DDP's collectives
-    # matched for the ones that run out first (hybrid only; the PS modes have no collectives).
-    joined = Join([wrapped]) if isinstance(wrapped, DistributedDataParallel) else contextlib.nullcontext()
-    with joined:
-        for batch in session.batches(dataset):
-            step_number = session.pushes + 1
-            with timer(step_number):
-                features = tuple(t.to(device) for t in log.examples(batch.start, batch.end, hp["seed"]))
-                dense_in, users, items, categories, history, clicks = features
-                with session.step(batch) as step:
-                    step.prefetch(
-                        {
-                            "users": users,
-                            "items": torch.cat([items, history.reshape(-1)]),
-                            "categories": categories,
-                        }
-                    )
-                    with runtime.autocast():
-                        logits = wrapped(dense_in, users, items, categories, history)
-                    loss = F.binary_cross_entropy_with_logits(logits.float(), clicks)
-                    loss.backward()
-                    if hp["grad_clip"] > 0:
-                        torch.nn.utils.clip_grad_norm_(dense.parameters(), hp["grad_clip"])
-                timer.count(batch.examples)
-            if on_batch is not None:
-                on_batch(session, batch)
-            window_loss += float(loss.detach())
-            window += 1
-            if is_main and session.pushes % hp["log_every"] == 0:
-                evaluate(session.pushes, window_loss / window)
-                window_loss, window = 0.0, 0
-            if sdk.stop_requested():
-                break
+    # matched for the ones that run out first, one pass at a time (hybrid only; the PS modes
+    # have no collectives and one pass).
+    for batches in session.passes(dataset):
+        joined = Join([wrapped]) if isinstance(wrapped, DistributedDataParallel) else contextlib.nullcontext()
+        with joined:
+            for batch in batches:
+                window_loss += train(batch)
+                window += 1
+                if is_main and session.pushes % hp["log_every"] == 0:
+                    evaluate(session.pushes, window_loss / window)
+                    window_loss, window = 0.0, 0
+                if sdk.stop_requested():
+                    break
     if is_main:
         evaluate(max(1, session.pushes), window_loss / window if window else None)
     session.report()
