@@ -125,6 +125,7 @@ PER_RANK_VARS = {
     "TORCHELASTIC_ERROR_FILE",
     protocol.ENV_TELEMETRY,
     protocol.ENV_CONTROL,
+    protocol.ENV_TENSORBOARD_DIR,
     END_FILE_ENV,
 }
 
@@ -245,6 +246,7 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
         assert env["MASTER_PORT"] == str(spec["master_port"])
         assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"rank-{rank}/error.json")
+        assert env[protocol.ENV_TENSORBOARD_DIR].endswith(f"round-1/rank-{rank}")
         common = {k: v for k, v in env.items() if k not in PER_RANK_VARS}
         cold_common = {k: v for k, v in cold["env"].items() if k not in PER_RANK_VARS}
         assert common == cold_common, set(common.items()) ^ set(cold_common.items())

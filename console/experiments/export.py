@@ -115,9 +115,12 @@ class MetricsExportView(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("job_id", int, OpenApiParameter.PATH), ExportQuery],
         responses={
-            200: OpenApiResponse(
-                OpenApiTypes.BINARY, description="text/csv or application/vnd.apache.parquet"
-            )
+            (200, "text/csv"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="format=csv (streamed) or format=parquet"
+            ),
+            (200, "application/vnd.apache.parquet"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="format=csv (streamed) or format=parquet"
+            ),
         },
     )
     def get(self, request: Request, job_id: int) -> Any:
