@@ -46,6 +46,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "name",
             "hostname",
             "address",
+            "interface",
             "state",
             "cpus",
             "memory_bytes",

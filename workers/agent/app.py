@@ -22,9 +22,10 @@ from typing import Any
 from celery import Celery
 
 from workers import protocol
+from workers.agent import network
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
-from workers.agent.credential import CredentialError, resolve_credential
+from workers.agent.credential import CredentialError, resolve_console_url, resolve_credential
 from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
@@ -37,6 +38,7 @@ logger = logging.getLogger("workers.agent")
 SHUTDOWN_MARGIN_SECONDS = 15.0
 CONTROL_FLUSH_SECONDS = 10.0
 EXIT_NO_CREDENTIAL = 3  # not restarted with hope: the operator must enrol the node
+EXIT_BAD_ADDRESS = 4  # --address names a host that does not resolve
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -129,11 +131,23 @@ def run_agent(config: AgentConfig) -> int:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         # From here on config.token is the node's own credential (or the opted-in shared token).
-        config = replace(config, token=resolve_credential(config))
+        config = replace(config, token=resolve_credential(config), console_url=resolve_console_url(config))
     except CredentialError as exc:
         logger.error("%s", exc)
         return EXIT_NO_CREDENTIAL
     config.checkpoint_root.mkdir(parents=True, exist_ok=True)
+    try:
+        reach = network.detect(config.address, config.interface, (config.broker_url, config.console_url))
+    except network.AddressError as exc:
+        logger.error("--address: %s", exc)
+        return EXIT_BAD_ADDRESS
+    if not reach.interface:
+        logger.warning(
+            "no local interface holds %s: ranks pick their own (give --interface to choose)", reach.address
+        )
+    dns_warning = network.slow_lookup_warning(reach.address)
+    if dns_warning:
+        logger.warning("%s", dns_warning)
     app = make_celery_app(config)
     control = ControlClient(app, config.name, config.token, session)
     reaper = ReaperClient(session)
@@ -144,7 +158,7 @@ def run_agent(config: AgentConfig) -> int:
     supervisor.on_news = heartbeat.poke
 
     def register() -> None:
-        control.send(protocol.CONTROL_REGISTER, info=node_info(config.address, config.slots))
+        control.send(protocol.CONTROL_REGISTER, info=node_info(reach, config.slots, dns_warning))
 
     register_tasks(app, supervisor, register, heartbeat.poke)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
@@ -152,15 +166,17 @@ def run_agent(config: AgentConfig) -> int:
     supervisor.start()
     try:
         purged = purge_node_queue(app, config.name)
-        info = node_info(config.address, config.slots)
+        info = node_info(reach, config.slots, dns_warning)
         logger.info(
-            "agent %s (session %s, reaper pid %s): %s cpus, %s gpus, address %s; purged %s stale commands",
+            "agent %s (session %s, reaper pid %s): %s cpus, %s gpus, address %s on %s; purged %s stale "
+            "commands",
             config.name,
             session,
             reaper.pid,
             info["cpus"],
             len(info["gpus"]),
-            info["address"],
+            reach.address,
+            reach.interface or "no local interface",
             purged,
         )
         control.send(protocol.CONTROL_REGISTER, info=info)

@@ -20,6 +20,7 @@ from workers.agent.config import AgentConfig
 logger = logging.getLogger(__name__)
 
 CREDENTIAL_FILE = "node_credential"
+CONSOLE_URL_FILE = "console_url"
 ENROL_PATH = "/api/v1/nodes/enroll/"
 ENROL_TIMEOUT_SECONDS = 30.0
 ENROL_PATIENCE_SECONDS = 120.0  # an agent started with its console (compose) waits for it this long
@@ -54,6 +55,22 @@ def resolve_credential(config: AgentConfig) -> str:
         "--join-token TOKEN (or TRAINYARD_JOIN_TOKEN) and --console URL; an operator makes join "
         "tokens in the admin (Join tokens) or with POST /api/v1/nodes/join-tokens/"
     )
+
+
+def resolve_console_url(config: AgentConfig) -> str:
+    """The console's web address this agent uses (enrolment, code bundles): ``--console``, which
+    is remembered in ``<data dir>/console_url``, or the one remembered from an earlier start ("":
+    none known; bundles then come from the URL the console names itself)."""
+    path = config.data_dir / CONSOLE_URL_FILE
+    if config.console_url:
+        url = config.console_url.rstrip("/")
+        if not path.is_file() or path.read_text().strip() != url:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(url + "\n")
+            os.replace(partial, path)
+        return url
+    return path.read_text().strip() if path.is_file() else ""
 
 
 def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -> str:

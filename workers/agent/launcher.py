@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 from workers import protocol
 from workers.agent import runner
 from workers.agent.config import AgentConfig
+from workers.agent.network import transport_env
 from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
 from workers.ps import contract as ps_contract
@@ -191,6 +192,9 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_STRATEGY: spec["strategy"],
         }
     )
+    # gloo, NCCL and TensorPipe on the interface the host registered with, not the one its host
+    # name resolves to (loopback on a default install): unless the job says otherwise.
+    env.update(transport_env(spec.get("interface", ""), spec["env"]))
     if "ps" in spec:
         env.update(ps_env(config, spec, local_rank))
     if not spec["env"].get(protocol.ENV_TENSORBOARD_DIR):
@@ -395,6 +399,15 @@ class TransientDownloadError(Exception):
     answered 5xx or 429."""
 
 
+def bundle_url(config: AgentConfig, bundle: protocol.BundleRef) -> str:
+    """Where the agent fetches a bundle: at the console URL it enrolled with when it has one (the
+    console's own TRAINYARD_PUBLIC_URL may be an address only the console's host reaches), else
+    the URL the console sent."""
+    if config.console_url:
+        return config.console_url.rstrip("/") + protocol.BUNDLE_PATH.format(sha256=bundle["sha256"].lower())
+    return bundle["url"]
+
+
 def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
     """Downloads, verifies and extracts the round's code bundle, cached by sha256. A transient
     failure is tried again (DOWNLOAD_ATTEMPTS in all, backing off from DOWNLOAD_BACKOFF_SECONDS),
@@ -414,7 +427,7 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
         archive = Path(tmp) / "bundle"
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
-                digest = download(bundle["url"], config.token, archive)
+                digest = download(bundle_url(config, bundle), config.token, archive)
                 break
             except TransientDownloadError as exc:
                 if attempt == DOWNLOAD_ATTEMPTS:
