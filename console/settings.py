@@ -200,6 +200,15 @@ INPLACE_FORM_TIMEOUT = envfloat("TRAINYARD_INPLACE_FORM_TIMEOUT", 20.0)
 # RoundSpec's recover_in_place). The fallback round stays the bound on a recovery that stalls.
 INPLACE_RECOVERY = envbool("TRAINYARD_INPLACE_RECOVERY", True)
 
+# Restarts after failures (console/jobs/backoff.py): the first at once; each further failure of a
+# round that never got going (no step, and younger than RESET seconds) waits BASE seconds,
+# doubling up to MAX. LAUNCH_FAILURE_LIMIT launch failures in a row (ranks that never started or
+# never reached their peers; not charged against max_restarts) fail the job.
+RESTART_BACKOFF_BASE = envfloat("TRAINYARD_RESTART_BACKOFF_BASE", 2.0)
+RESTART_BACKOFF_MAX = envfloat("TRAINYARD_RESTART_BACKOFF_MAX", 120.0)
+RESTART_BACKOFF_RESET = envfloat("TRAINYARD_RESTART_BACKOFF_RESET", 60.0)
+LAUNCH_FAILURE_LIMIT = envint("TRAINYARD_LAUNCH_FAILURE_LIMIT", 8, minimum=1)
+
 # Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are deleted and only
 # their 100-step rollups (min/max/mean/count) stay; log lines older than LOG_RETENTION_DAYS are
 # deleted. 0 keeps forever. Applied by the task trainyard.telemetry.rollup.
@@ -219,7 +228,8 @@ LOGGING = {
     },
 }
 
-# The URL agents use to reach this console over HTTP (bundle downloads).
+# The URL agents that know no console URL of their own (no --console: bin/run's local agent) fetch
+# code bundles from; an enrolled agent uses the URL it enrolled with.
 TRAINYARD_PUBLIC_URL = os.environ.get("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000")
 
 CELERY_BEAT_SCHEDULE = {

@@ -315,6 +315,9 @@ class RankExit(TypedDict):
     # process then died by this signal, or hung and was killed ("hung"), in the interpreter's
     # teardown (workers/agent/runner.py says why torch 2.13 gloo ranks can).
     teardown: NotRequired[str]
+    # Set when the rank never started: the agent could not launch it (bundle, entrypoint,
+    # interpreter); the error says why. The console calls it a launch failure (console/jobs/backoff.py).
+    launch: NotRequired[bool]
 
 
 # --- telemetry -----------------------------------------------------------------------------
