@@ -33,6 +33,7 @@ class AgentConfig:
     keep_rounds_days: float = DEFAULT_KEEP_ROUNDS_DAYS  # past rounds' files (retention.py); 0 = forever
     join_token: str = ""  # one-time enrolment (credential.py); unused once the node has its credential
     console_url: str = ""  # the console's web address, where the agent enrols
+    console_key: str = ""  # the console's public Ed25519 key (credential.py: else learnt at enrolment)
 
     @property
     def rounds_dir(self) -> Path:
@@ -65,6 +66,12 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--console", default="", help="console URL to enrol at (TRAINYARD_CONSOLE_URL)")
     parser.add_argument(
         "--token", default="", help="shared node token of a single-machine console (TRAINYARD_NODE_TOKEN)"
+    )
+    parser.add_argument(
+        "--console-key",
+        default="",
+        help="the console's public command key (TRAINYARD_CONSOLE_KEY; `manage.py commandkey` prints it); "
+        "an enrolled agent learns it at enrolment",
     )
     parser.add_argument("--address", default="", help="address peers reach this host at")
     parser.add_argument("--slots", type=int, default=0, help="rank slots (default: CPU count)")
@@ -109,6 +116,7 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         token=ns.token or os.environ.get("TRAINYARD_NODE_TOKEN", ""),
         join_token=ns.join_token or os.environ.get("TRAINYARD_JOIN_TOKEN", ""),
         console_url=ns.console or os.environ.get("TRAINYARD_CONSOLE_URL", ""),
+        console_key=ns.console_key or os.environ.get("TRAINYARD_CONSOLE_KEY", ""),
         address=ns.address,
         slots=ns.slots,
         heartbeat=ns.heartbeat,

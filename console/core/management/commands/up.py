@@ -42,6 +42,7 @@ from console.core.embedded import (
 )
 from console.core.env import secret
 from console.core.supervisor import ChildSpec, GaveUp, Supervisor
+from console.core.transport import command_signer
 
 # The agent stops its rank processes on SIGTERM (they get their own grace period), so it is
 # given the longest; PostgreSQL's fast shutdown (SIGINT) rolls back open transactions.
@@ -256,6 +257,9 @@ class Console:
         sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN or secret(
             "TRAINYARD_NODE_TOKEN", self.home / "node_token"
         )
+        # Its agent runs only commands sealed with the console's key: it gets the public half
+        # from config, as it does not enrol (console/core/transport.py, workers/signing.py).
+        sup.env["TRAINYARD_CONSOLE_KEY"] = command_signer().public_key
         sup.start(
             ChildSpec(
                 "web",
@@ -356,7 +360,8 @@ class Console:
             "--checkpoint-root",
             str(self.home / "checkpoints"),
         ]
-        sup.say(f"another agent on this machine:\n  {token_env} {shlex.join(agent)}")
+        key_env = f"TRAINYARD_CONSOLE_KEY={sup.env['TRAINYARD_CONSOLE_KEY']}"
+        sup.say(f"another agent on this machine:\n  {token_env} {key_env} {shlex.join(agent)}")
         # Another host gets its own credential: the shared token stays on this machine.
         host = [
             "python",
