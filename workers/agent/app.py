@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers import protocol, signing
+from workers import protocol
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
 from workers.agent.credential import CredentialError, resolve_console_key, resolve_credential
@@ -76,7 +76,9 @@ def register_tasks(
     def verified(command: str, kwargs: dict[str, Any]) -> bool:
         reason = verifier.refusal(command, kwargs)
         if reason:
-            logger.warning("refused %s (job %s): %s", command, signing.command_scope(kwargs)[0], reason)
+            spec = kwargs.get("spec")
+            job = (spec if isinstance(spec, dict) else kwargs).get("job_id")
+            logger.warning("refused %s (job %r): %s", command, job, reason)
         return not reason
 
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
