@@ -42,6 +42,10 @@ REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or embedded.broke
 # agent). When set, it speaks for any node; "" (the default) accepts only nodes' own credentials,
 # which hosts get by enrolling with a join token (console/cluster/tokens.py).
 NODE_TOKEN = optional_secret("TRAINYARD_NODE_TOKEN")
+# The Ed25519 key that seals every command to an agent (workers/signing.py), made there on first
+# use. Every console process (web, controller) reads the same file; agents get its public half
+# at enrolment (`manage.py commandkey` prints it for an agent given it by config).
+COMMAND_KEY_FILE = Path(os.environ.get("TRAINYARD_COMMAND_KEY_FILE") or TRAINYARD_HOME / "command_key.pem")
 
 INSTALLED_APPS = [
     "daphne",

@@ -28,13 +28,21 @@ from typing import Any
 from tests.support import procs
 from tests.support.agents import AgentProcs
 from tests.support.controller import Controller
-from workers import net
+from workers import net, signing
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 PYTHON = sys.executable
 BOOT_TIMEOUT = 60.0
 """Seconds for Daphne or redis-server to listen (Daphne imports Django: seconds on a loaded machine)."""
+
+
+def with_command_key(env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` with the console's command key file (kept, or one under ``root``) and its public
+    half for the agents (workers/signing.py): the console's processes and its agents agree."""
+    key_file = env.get("TRAINYARD_COMMAND_KEY_FILE") or str(root / "command_key.pem")
+    public = signing.public_key_text(signing.load_or_create_private_key(Path(key_file)).public_key())
+    return {**env, "TRAINYARD_COMMAND_KEY_FILE": key_file, "TRAINYARD_CONSOLE_KEY": public}
 
 
 # --- how each component is started ---------------------------------------------------------------
@@ -186,7 +194,8 @@ class Console:
         die_with_parent: bool = False,
     ) -> None:
         self.root = root
-        self.env = env
+        self.env = with_command_key(env, root)
+        env = self.env
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.die_with_parent = die_with_parent

@@ -25,13 +25,19 @@ from workers import protocol
 from workers.agent import network
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
-from workers.agent.credential import CredentialError, resolve_console_url, resolve_credential
+from workers.agent.credential import (
+    CredentialError,
+    resolve_console_key,
+    resolve_console_url,
+    resolve_credential,
+)
 from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
 from workers.agent.warmpool import WarmPool
 from workers.protocol import RoundSpec
+from workers.signing import CommandVerifier, report_key
 
 logger = logging.getLogger("workers.agent")
 
@@ -66,29 +72,51 @@ def make_celery_app(config: AgentConfig) -> Celery:
 
 
 def register_tasks(
-    app: Celery, supervisor: Supervisor, register: Callable[[], None], heartbeat_now: Callable[[], None]
+    app: Celery,
+    supervisor: Supervisor,
+    register: Callable[[], None],
+    heartbeat_now: Callable[[], None],
+    verifier: CommandVerifier,
 ) -> None:
+    """Every command runs only once its seal verifies (workers/signing.py); a refusal is logged."""
+
+    def verified(command: str, kwargs: dict[str, Any]) -> bool:
+        reason = verifier.refusal(command, kwargs)
+        if reason:
+            spec = kwargs.get("spec")
+            job = (spec if isinstance(spec, dict) else kwargs).get("job_id")
+            logger.warning("refused %s (job %r): %s", command, job, reason)
+        return not reason
+
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
-    def start_round(*, spec: RoundSpec, **_: Any) -> None:
-        supervisor.submit(StartRound(spec))
+    def start_round(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_START_ROUND, kwargs):
+            supervisor.submit(StartRound(kwargs["spec"]))
 
     @app.task(name=protocol.AGENT_STOP_JOB, ignore_result=True)
-    def stop_job(*, job_id: int, round: int, grace_period: float | None = None, **_: Any) -> None:
-        grace = DEFAULT_GRACE_PERIOD_SECONDS if grace_period is None else float(grace_period)
-        supervisor.submit(StopJob(int(job_id), int(round), grace))
+    def stop_job(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_STOP_JOB, kwargs):
+            grace_period = kwargs.get("grace_period")
+            grace = DEFAULT_GRACE_PERIOD_SECONDS if grace_period is None else float(grace_period)
+            supervisor.submit(StopJob(int(kwargs["job_id"]), int(kwargs["round"]), grace))
 
     @app.task(name=protocol.AGENT_SYNC, ignore_result=True)
-    def sync(*, rounds: list[RoundSpec], **_: Any) -> None:
-        supervisor.submit(Sync(list(rounds)))
+    def sync(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_SYNC, kwargs):
+            rounds: list[RoundSpec] = kwargs["rounds"]
+            supervisor.submit(Sync(list(rounds)))
 
     @app.task(name=protocol.AGENT_REGISTER_AGAIN, ignore_result=True)
-    def register_again(*, reason: str = "", **_: Any) -> None:
-        logger.warning("the console asks this agent to register again: %s", reason or "no reason given")
-        register()
+    def register_again(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_REGISTER_AGAIN, kwargs):
+            reason = kwargs.get("reason") or "no reason given"
+            logger.warning("the console asks this agent to register again: %s", reason)
+            register()
 
     @app.task(name=protocol.AGENT_HEARTBEAT_NOW, ignore_result=True)
-    def send_heartbeat_now(**_: Any) -> None:
-        heartbeat_now()
+    def send_heartbeat_now(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_HEARTBEAT_NOW, kwargs):
+            heartbeat_now()
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -132,6 +160,7 @@ def run_agent(config: AgentConfig) -> int:
     try:
         # From here on config.token is the node's own credential (or the opted-in shared token).
         config = replace(config, token=resolve_credential(config), console_url=resolve_console_url(config))
+        verifier = CommandVerifier(resolve_console_key(config), config.name)
     except CredentialError as exc:
         logger.error("%s", exc)
         return EXIT_NO_CREDENTIAL
@@ -149,7 +178,7 @@ def run_agent(config: AgentConfig) -> int:
     if dns_warning:
         logger.warning("%s", dns_warning)
     app = make_celery_app(config)
-    control = ControlClient(app, config.name, config.token, session)
+    control = ControlClient(app, config.name, report_key(config.token), session)
     reaper = ReaperClient(session)
     shipper = TelemetryShipper(config.broker_url, config.name)
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
@@ -160,7 +189,7 @@ def run_agent(config: AgentConfig) -> int:
     def register() -> None:
         control.send(protocol.CONTROL_REGISTER, info=node_info(reach, config.slots, dns_warning))
 
-    register_tasks(app, supervisor, register, heartbeat.poke)
+    register_tasks(app, supervisor, register, heartbeat.poke, verifier)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()

@@ -34,6 +34,7 @@ class AgentConfig:
     join_token: str = ""  # one-time enrolment (credential.py); unused once the node has its credential
     console_url: str = ""  # the console's web address: enrolment, code bundles
     interface: str = ""  # "" = the interface holding ``address``
+    console_key: str = ""  # the console's public Ed25519 key (credential.py: else learnt at enrolment)
 
     @property
     def rounds_dir(self) -> Path:
@@ -66,6 +67,12 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--console", default="", help="console URL to enrol at (TRAINYARD_CONSOLE_URL)")
     parser.add_argument(
         "--token", default="", help="shared node token of a single-machine console (TRAINYARD_NODE_TOKEN)"
+    )
+    parser.add_argument(
+        "--console-key",
+        default="",
+        help="the console's public command key (TRAINYARD_CONSOLE_KEY; `manage.py commandkey` prints it); "
+        "an enrolled agent learns it at enrolment",
     )
     parser.add_argument(
         "--address",
@@ -123,6 +130,7 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         console_url=ns.console or os.environ.get("TRAINYARD_CONSOLE_URL", ""),
         address=ns.address or os.environ.get("TRAINYARD_AGENT_ADDRESS", ""),
         interface=ns.interface or os.environ.get("TRAINYARD_AGENT_INTERFACE", ""),
+        console_key=ns.console_key or os.environ.get("TRAINYARD_CONSOLE_KEY", ""),
         slots=ns.slots,
         heartbeat=ns.heartbeat,
         data_dir=data_dir,
