@@ -14,7 +14,7 @@ from celery import shared_task
 from console.cluster.tokens import agent_authorised
 from console.core.retry import ControllerTask
 from console.core.transport import CONTROL_TICK
-from console.jobs import reports, scheduler
+from console.jobs import hangs, reports, scheduler
 from workers import protocol
 
 
@@ -42,3 +42,11 @@ def round_ended(
 ) -> None:
     if agent_authorised(token, node):
         reports.round_ended(node, int(job_id), int(round), outcome, failures or [])
+
+
+@shared_task(name=protocol.CONTROL_HANG_REPORTED, base=ControllerTask, ignore_result=True)
+def hang_reported(
+    *, token: str, node: str, job_id: int, round: int, report: protocol.HangReport, **_: Any
+) -> None:
+    if agent_authorised(token, node):
+        hangs.record_report(node, int(job_id), int(round), report)

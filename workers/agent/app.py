@@ -25,6 +25,7 @@ from workers import protocol
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
 from workers.agent.credential import CredentialError, resolve_credential
+from workers.agent.hangwatch import HangWatcher
 from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
@@ -64,7 +65,11 @@ def make_celery_app(config: AgentConfig) -> Celery:
 
 
 def register_tasks(
-    app: Celery, supervisor: Supervisor, register: Callable[[], None], heartbeat_now: Callable[[], None]
+    app: Celery,
+    supervisor: Supervisor,
+    register: Callable[[], None],
+    heartbeat_now: Callable[[], None],
+    watcher: HangWatcher | None = None,
 ) -> None:
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
     def start_round(*, spec: RoundSpec, **_: Any) -> None:
@@ -87,6 +92,11 @@ def register_tasks(
     @app.task(name=protocol.AGENT_HEARTBEAT_NOW, ignore_result=True)
     def send_heartbeat_now(**_: Any) -> None:
         heartbeat_now()
+
+    @app.task(name=protocol.AGENT_COLLECT_STACKS, ignore_result=True)
+    def collect_stacks(*, job_id: int, round: int, reason: str = "", **_: Any) -> None:
+        if watcher is not None:
+            watcher.collect(int(job_id), int(round), reason)
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -146,7 +156,8 @@ def run_agent(config: AgentConfig) -> int:
     def register() -> None:
         control.send(protocol.CONTROL_REGISTER, info=node_info(config.address, config.slots))
 
-    register_tasks(app, supervisor, register, heartbeat.poke)
+    watcher = HangWatcher(supervisor.watched, shipper, control.send)
+    register_tasks(app, supervisor, register, heartbeat.poke, watcher)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
@@ -165,6 +176,7 @@ def run_agent(config: AgentConfig) -> int:
         )
         control.send(protocol.CONTROL_REGISTER, info=info)
         heartbeat.start()
+        watcher.start()
         pool.start()
         worker = app.Worker(
             hostname=f"{config.name}@{socket.gethostname()}",
@@ -183,6 +195,8 @@ def run_agent(config: AgentConfig) -> int:
         supervisor.shutdown(timeout=supervisor.longest_grace() + SHUTDOWN_MARGIN_SECONDS)
         if heartbeat.is_alive():
             heartbeat.stop()
+        if watcher.is_alive():
+            watcher.stop()
         pool.close()
         control.send(protocol.CONTROL_OFFLINE)
         control.close(timeout=CONTROL_FLUSH_SECONDS)
