@@ -125,6 +125,8 @@ def record_report(node_name: str, job_id: int, number: int, report: protocol.Han
             hang.threshold_s = max(hang.threshold_s, float(report["threshold_s"]))
             hang.save(update_fields=["stalled", "threshold_s"])
         for stack in report["ranks"]:
+            if hang.stacks.filter(rank=int(stack["rank"]), native=True).exists():
+                continue  # its native frames came already: keep them
             RankStack.objects.update_or_create(
                 hang=hang,
                 rank=int(stack["rank"]),
@@ -147,6 +149,17 @@ def record_report(node_name: str, job_id: int, number: int, report: protocol.Han
             _ask_others(job, number, node_name, f"rank(s) {report['stalled']} on {node_name} stalled")
         if hang.concluded_at is None and _every_host_reported(hang):
             conclude(job, hang)
+
+
+def _add_native_frames(job: Job, number: int, node_name: str, report: protocol.HangReport) -> None:
+    """The second report of a host: the same ranks' stacks with native frames (slower to read)."""
+    hang = Hang.objects.filter(job=job, round_number=number).order_by("-detected_at").first()
+    if hang is None:
+        return
+    for stack in report["ranks"]:
+        hang.stacks.filter(rank=int(stack["rank"]), node_name=node_name).update(
+            threads=stack["threads"], native=True
+        )
 
 
 def _every_host_reported(hang: Hang) -> bool:

@@ -46,8 +46,11 @@ STOPPED = ("stopped", "tracing-stop")
 
 
 def _frames(stack: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The main thread's Python frames (native ones, where py-spy read them, are left out: they
+    tell apart stacks the script cannot)."""
     threads = stack.get("threads") or []
-    return list(threads[0]["frames"]) if threads else []
+    frames = threads[0]["frames"] if threads else []
+    return [f for f in frames if str(f["file"]).endswith(".py") or str(f["file"]).startswith("<")]
 
 
 def is_library(file: str) -> bool:

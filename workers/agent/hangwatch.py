@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -251,33 +252,18 @@ class HangWatcher(threading.Thread):
         threshold: float,
         now: float,
     ) -> None:
+        """Python stacks first, read from every rank at once (py-spy --nonblocking: a fraction of a
+        second), sent at once; then native frames (py-spy --native suspends the rank and unwinds
+        torch's libraries: seconds), sent as a second report ("native") that adds them."""
         job_id, round_ = key
-        ranks: list[RankStack] = []
-        for watch in sorted(state.watches.values(), key=lambda w: w.rank):
-            process = state.processes.get(watch.rank)
-            try:
-                process_state = process.status() if process is not None else "gone"
-            except psutil.Error:
-                process_state = "gone"
-            threads, native, error = stacks.dump(watch.pid, stopped=process_state in STOPPED_STATES)
-            ranks.append(
-                {
-                    "rank": watch.rank,
-                    "local_rank": watch.local_rank,
-                    "pid": watch.pid,
-                    "process_state": str(process_state),
-                    "step": watch.step,
-                    "stalled_s": round(now - watch.last_progress, 3),
-                    "cpu_percent": round(watch.cpu_percent, 2),
-                    "threads": threads,
-                    "native": native,
-                    "error": error,
-                }
-            )
-            directory = state.directories.get(watch.rank)
-            dumped = stacks.flight_recorder_dump(directory, watch.rank) if directory else ""
-            if dumped:
-                ranks[-1]["flight_recorder"] = dumped
+        watches = sorted(state.watches.values(), key=lambda w: w.rank)
+        states = {w.rank: self._process_state(state, w.rank) for w in watches}
+        with ThreadPoolExecutor(max_workers=max(1, len(watches))) as pool:
+            dumps = list(pool.map(lambda w: stacks.dump(w.pid, native=False), watches))
+        ranks = [
+            self._rank_stack(state, w, states[w.rank], dumped, now)
+            for w, dumped in zip(watches, dumps, strict=True)
+        ]
         report: HangReport = {
             "reason": reason,
             "detected_at": time.time(),
@@ -287,3 +273,47 @@ class HangWatcher(threading.Thread):
         }
         logger.warning("job %s round %s: %s, ranks %s; stacks sent", job_id, round_, reason, stalled or "all")
         self._send(CONTROL_HANG_REPORTED, job_id=job_id, round=round_, report=report)
+        running = [w for w in watches if states[w.rank] not in STOPPED_STATES and states[w.rank] != "gone"]
+        if not running:
+            return
+        with ThreadPoolExecutor(max_workers=len(running)) as pool:
+            natives = list(pool.map(lambda w: stacks.dump(w.pid, native=True), running))
+        native = [
+            self._rank_stack(state, w, states[w.rank], dumped, now)
+            for w, dumped in zip(running, natives, strict=True)
+            if dumped[1]
+        ]
+        if native:
+            report = {**report, "reason": "native", "detected_at": time.time(), "ranks": native}
+            self._send(CONTROL_HANG_REPORTED, job_id=job_id, round=round_, report=report)
+
+    @staticmethod
+    def _process_state(state: _RoundWatch, rank: int) -> str:
+        process = state.processes.get(rank)
+        try:
+            return str(process.status()) if process is not None else "gone"
+        except psutil.Error:
+            return "gone"
+
+    @staticmethod
+    def _rank_stack(
+        state: _RoundWatch, watch: RankWatch, process_state: str, dumped: tuple[Any, bool, str], now: float
+    ) -> RankStack:
+        threads, native, error = dumped
+        stack: RankStack = {
+            "rank": watch.rank,
+            "local_rank": watch.local_rank,
+            "pid": watch.pid,
+            "process_state": process_state,
+            "step": watch.step,
+            "stalled_s": round(now - watch.last_progress, 3),
+            "cpu_percent": round(watch.cpu_percent, 2),
+            "threads": threads,
+            "native": native,
+            "error": error,
+        }
+        directory = state.directories.get(watch.rank)
+        dumped_trace = stacks.flight_recorder_dump(directory, watch.rank) if directory else ""
+        if dumped_trace:
+            stack["flight_recorder"] = dumped_trace
+        return stack
