@@ -53,9 +53,9 @@ def test_an_explicit_timeout_wins_and_the_same_step_again_is_no_progress() -> No
 def test_a_rank_without_steps_progresses_by_cpu_or_a_changing_stack_while_idle() -> None:
     policy = Policy.of({"timeout_s": 4})
     watch = RankWatch(rank=1, local_rank=0, pid=1, started_at=0.0)
-    watch.note_cpu(1.0, 0.0)
-    assert watch.note_cpu(1.5, 1.0)  # half a core: busy, progress
-    assert watch.last_progress == 1.0
+    watch.note_cpu(1.0, 0.5)
+    assert watch.note_cpu(1.5, 1.5)  # half a core: busy, progress (counted from the sample before)
+    assert watch.last_progress == 0.5
     assert not watch.note_cpu(1.5, 2.0)  # idle
     watch.note_stack(("wait", "train.py", 10), 2.0)
     watch.note_stack(("wait", "train.py", 12), 3.0)  # it moved on while idle: progress

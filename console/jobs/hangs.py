@@ -100,9 +100,13 @@ def _open_hang(job: Job, number: int, reason: str, now: datetime) -> tuple[Hang,
 
 
 def _ask_others(job: Job, number: int, but: str, reason: str) -> None:
-    for node in Node.objects.filter(allocations__round__job=job, allocations__round__number=number).exclude(
-        name=but
-    ):
+    """Asks the round's hosts other than ``but`` for their stacks (those that already sent them
+    for this hang are not asked)."""
+    reported = RankStack.objects.filter(
+        hang__job=job, hang__round_number=number, hang__concluded_at__isnull=True
+    ).values_list("node_name", flat=True)
+    nodes = Node.objects.filter(allocations__round__job=job, allocations__round__number=number)
+    for node in nodes.exclude(name=but).exclude(name__in=list(reported)):
         send_on_commit(protocol.AGENT_COLLECT_STACKS, node.queue, job_id=job.pk, round=number, reason=reason)
 
 

@@ -115,7 +115,9 @@ class RankWatch:
         self.cpu_percent = max(0.0, 100.0 * (cpu_s - before) / (now - before_at))
         busy = self.cpu_percent >= CPU_ACTIVE_PERCENT
         if busy and self.step_at is None:
-            self.active_at = now
+            # Its last activity was somewhere in the interval: counting from its start keeps a
+            # frozen rank's stall from looking one interval younger than it is.
+            self.active_at = max(self.active_at, before_at)
             self.reported = False
         return busy
 

@@ -1,4 +1,4 @@
-"""The agent's hang watcher: one thread that samples every running rank once a second.
+"""The agent's hang watcher: one thread that samples every running rank twice a second.
 
 Each sample reads the rank's process (psutil: CPU time, memory, state; NVML where the host has
 GPUs: the process's GPU memory and its GPUs' utilisation), ships it as the rank's resource metrics
@@ -10,7 +10,7 @@ busy, its stack. When ``hang.judge`` finds ranks stalled, or the controller asks
 CONTROL_HANG_REPORTED. It only reads processes: it never signals one; the controller decides what
 a hang costs (console/jobs/hangs.py).
 
-Its cost is the agent's, not the ranks': a few /proc reads per rank per second; py-spy suspends a
+Its cost is the agent's, not the ranks': a few /proc reads per rank per sample; py-spy suspends a
 rank only for a stack sample of a busy rank without step reports (a few times per threshold) and
 for a hang report.
 """
@@ -36,7 +36,7 @@ from workers.sdk import progress_cell
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_INTERVAL_SECONDS = 1.0
+SAMPLE_INTERVAL_SECONDS = 0.5
 STOPPED_STATES = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
