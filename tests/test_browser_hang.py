@@ -79,7 +79,7 @@ def make_hung_job(owner: User) -> Job:
     hang = Hang.objects.create(
         job=job, round_number=1, reason="stall", threshold_s=120.0, stalled=[0, 1, 2, 3], detected_at=now
     )
-    for rank, (node, frames, state) in enumerate(
+    for rank, (host, frames, state) in enumerate(
         [
             ("gpu-a", ALLREDUCE, "sleeping"),
             ("gpu-a", ALLREDUCE, "sleeping"),
@@ -89,7 +89,7 @@ def make_hung_job(owner: User) -> Job:
     ):
         RankStack.objects.create(
             hang=hang,
-            node_name=node,
+            node_name=host,
             rank=rank,
             local_rank=rank % 2,
             pid=4000 + rank,
