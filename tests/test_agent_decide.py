@@ -49,6 +49,7 @@ def files(directory: Path = Path("/nonexistent")) -> RankFiles:
         telemetry=directory / "telemetry.jsonl",
         end_file=directory / "ended.json",
         control=directory / "control.json",
+        progress=directory / "progress",
     )
 
 

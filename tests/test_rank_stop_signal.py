@@ -47,6 +47,7 @@ def files(tmp_path: Path) -> RankFiles:
         telemetry=directory / "telemetry.jsonl",
         end_file=directory / "ended.json",
         control=directory / "control.json",
+        progress=directory / "progress",
     )
 
 

@@ -67,6 +67,17 @@ AGENT_HEARTBEAT_NOW = "trainyard.agent.heartbeat_now"
 agent sends its next heartbeat at once instead of at the end of its interval."""
 
 
+AGENT_COLLECT_STACKS = "trainyard.agent.collect_stacks"
+"""kwargs: ``job_id``, ``round``, ``reason`` (text). Another host of the round hung, or its ranks
+drifted apart: the agent answers with CONTROL_HANG_REPORTED for its ranks of that round (their
+stacks), whether or not it sees them stalled itself."""
+
+CONTROL_HANG_REPORTED = "trainyard.control.hang_reported"
+"""kwargs: token, node, job_id, round, report (HangReport). A local rank of the round made no
+progress for longer than the job's hang threshold (workers/agent/hang.py), or the controller
+asked (AGENT_COLLECT_STACKS): every local rank's stacks. Sent once per stall."""
+
+
 class IllegalMove(Exception):
     """A move its machine's table does not list."""
 
@@ -241,6 +252,59 @@ class RoundSpec(TypedDict):
     # NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME; not where the job's env sets them): the one holding
     # the address the host registered with.
     interface: NotRequired[str]
+    # The job's hang detection (HangPolicy); absent: the defaults of workers/agent/hang.py.
+    hang: NotRequired[HangPolicy]
+
+
+class HangPolicy(TypedDict, total=False):
+    """A job's hang detection (the job spec's ``hang``; console/jobs/hangs.py checks it).
+
+    A rank is stalled once its progress stops for longer than its threshold: ``timeout_s`` when
+    set, else ``multiple`` x the median gap between its step reports, at least ``floor_s``;
+    before its first step ``first_step_s``. ``action`` once the job hangs: "notify" (the event
+    only), "restart" (a new round, charged as a failure) or "fail". ``max_drift_steps``: ranks
+    further apart than this many steps hang too (0 = off)."""
+
+    timeout_s: float
+    multiple: float
+    floor_s: float
+    first_step_s: float
+    action: str
+    max_drift_steps: int
+
+
+class StackFrame(TypedDict):
+    name: str
+    file: str
+    line: int
+
+
+class ThreadStack(TypedDict):
+    name: str  # the thread's name, or its id
+    idle: bool
+    frames: list[StackFrame]  # innermost first
+
+
+class RankStack(TypedDict):
+    rank: int
+    local_rank: int
+    pid: int
+    process_state: str  # psutil's status: "running", "sleeping", "stopped" (SIGSTOP), ...
+    step: int | None  # the last step the rank reported
+    stalled_s: float  # seconds since its last progress
+    cpu_percent: float  # over the last sample
+    threads: list[ThreadStack]  # py-spy's dump: the main thread first
+    native: bool  # native frames included (py-spy --native)
+    error: str  # why no stack could be read ("" when it could)
+    flight_recorder: NotRequired[str]  # NCCL Flight Recorder dump file, when one was written
+
+
+class HangReport(TypedDict):
+    reason: str  # "stall" (this host saw it), "asked" (AGENT_COLLECT_STACKS), "drift"
+    detected_at: float  # unix time
+    threshold_s: float  # the longest threshold of the stalled ranks
+    stalled: list[int]  # global ranks of this host past their threshold
+    ranks: list[RankStack]  # every local rank of the round
 
 
 class GpuInfo(TypedDict):
@@ -301,6 +365,9 @@ class RoundStatus(TypedDict):
     inplace: NotRequired[InplaceStatus]
     inplace_reason: NotRequired[str]
     inplace_formed_at: NotRequired[float]  # unix time the host's last rank formed the round
+    # Each local rank's last reported step (global rank as a JSON string key): the controller
+    # compares hosts' for drift (console/jobs/hangs.py).
+    rank_steps: NotRequired[dict[str, int]]
 
 
 class RankExit(TypedDict):
@@ -352,3 +419,6 @@ ENV_TRACKERS = "TRAINYARD_TRACKERS"
 # (job_id, round, rank (-1 = leave), local_rank, world_size, master_addr, master_port); the SDK
 # writes its InplaceStatus (with round, step) to the same path plus ".state".
 ENV_CONTROL = "TRAINYARD_CONTROL"
+# Each rank's step cell (workers/sdk/progress_cell.py): sdk.step writes the step it completed; the
+# agent reads it for hang detection and the heartbeats' per-rank steps.
+ENV_PROGRESS = "TRAINYARD_PROGRESS"

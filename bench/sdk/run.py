@@ -8,7 +8,8 @@
    every step, ``watcher.after_backward`` (statistics every 100 steps) and ``sdk.log(step,
    loss=...)`` every 10 steps (the workload's defaults), telemetry written to a file as inside
    the console. The overhead is the median over pairs of (mean CPU time per step with / without
-   - 1), as a percentage. Then each call alone (CPU time, including the telemetry thread's
+   - 1), as a percentage; in the same run the plain step runs twice per pair, and the same statistic
+   between those two is the noise floor (``noise_floor_percent``). Then each call alone (CPU time, including the telemetry thread's
    serialising), so a script that logs every step can work out its own cost.
 2. Checkpoints: a 134 MB model state (two 4096x4096 fp32 layers). Plain ``torch.save`` to a
    file against ``AsyncCheckpointer.save`` (the time the training loop is blocked: the copy into
@@ -89,7 +90,10 @@ def digits_run(
     return (time.process_time() - started) / steps
 
 
-def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
+def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float, float]:
+    """(plain step, step with the SDK, overhead %, noise floor %). Each pair runs the plain step
+    twice and the SDK's once between them; the noise floor is the same statistic between the
+    two plain runs (what the machine's load alone moves it by)."""
     hp = validate_hyperparameters("digits-mlp", {})
     runtime = Runtime(0, 0, 1, torch.device("cpu"), False, "fp32", 1)
     task = DigitsTask(hp, runtime)
@@ -97,20 +101,26 @@ def measure_overhead(pairs: int, steps: int) -> tuple[float, float, float]:
     watcher = sdk.watch(task.model, every=hp["watch_every"], optimizer=optimizer)
     digits_run(task, optimizer, watcher, steps, 1)  # warm-up: allocator, telemetry thread
     digits_run(task, optimizer, None, steps, 1)
-    plain, with_sdk, ratios = [], [], []
+    plain, with_sdk, ratios, noise = [], [], [], []
     first = 1
     for pair in range(pairs):
         # Alternate the order so drift in machine load hits both sides alike; the ratio within a
-        # pair (two runs a fraction of a second apart) cancels slower changes of the load.
-        order = (False, True) if pair % 2 == 0 else (True, False)
+        # pair (runs a fraction of a second apart) cancels slower changes of the load.
+        order = ("plain", "sdk", "again") if pair % 2 == 0 else ("again", "sdk", "plain")
         means = {}
-        for flag in order:
-            means[flag] = digits_run(task, optimizer, watcher if flag else None, steps, first)
+        for run in order:
+            means[run] = digits_run(task, optimizer, watcher if run == "sdk" else None, steps, first)
             first += steps
-        plain.append(means[False])
-        with_sdk.append(means[True])
-        ratios.append(means[True] / means[False])
-    return statistics.median(plain), statistics.median(with_sdk), (statistics.median(ratios) - 1) * 100
+        plain.append(means["plain"])
+        with_sdk.append(means["sdk"])
+        ratios.append(means["sdk"] / means["plain"])
+        noise.append(means["again"] / means["plain"])
+    return (
+        statistics.median(plain),
+        statistics.median(with_sdk),
+        (statistics.median(ratios) - 1) * 100,
+        (statistics.median(noise) - 1) * 100,
+    )
 
 
 def measure_call_costs(steps: int = 20000, reps: int = 3) -> dict[str, float]:
@@ -201,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    base, instrumented, overhead = measure_overhead(args.pairs, args.steps)
+    base, instrumented, overhead, noise = measure_overhead(args.pairs, args.steps)
     costs = measure_call_costs()
     workload_calls = (
         costs["with sdk.step(...)"]
@@ -219,6 +229,7 @@ def main() -> None:
     print(f"  {'step without SDK (median of means)':<34}{base * 1e6:>10.1f} us")
     print(f"  {'step with SDK calls':<34}{instrumented * 1e6:>10.1f} us")
     print(f"  {'overhead (median of pair ratios)':<34}{overhead:>10.2f} %")
+    print(f"  {'noise floor (plain vs plain)':<34}{noise:>10.2f} %   load {os.getloadavg()[0]:.1f}")
     print("SDK calls alone, CPU us per call (medians)")
     for name, cost in costs.items():
         print(f"  {name:<34}{cost:>10.2f} us")
@@ -236,6 +247,7 @@ def main() -> None:
         json.dumps(
             {
                 "sdk_overhead_percent": round(overhead, 3),
+                "noise_floor_percent": round(noise, 3),
                 "step_us_without_sdk": round(base * 1e6, 1),
                 "step_us_with_sdk": round(instrumented * 1e6, 1),
                 "sdk_calls_us_per_step": round(workload_calls, 2),

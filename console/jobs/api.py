@@ -16,10 +16,11 @@ from rest_framework.response import Response
 from console.api.errors import Conflict
 from console.api.models import Scope
 from console.core.roles import is_operator
-from console.jobs import actions
+from console.jobs import actions, hangs
 from console.jobs import roles as job_roles
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
 from console.jobs.queries import JobFilter, attach_current_rounds, job_ordering
+from workers import protocol
 from workers.ps import contract as ps_contract
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -119,6 +120,12 @@ class JobSpecSerializer(serializers.Serializer):
         default=dict,
         help_text="parameter_server only: {ps: {count, mode}, worker: {count, min, max}}",
     )
+    hang = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="Hang detection: {timeout_s, multiple, floor_s, first_step_s, action: notify|restart|fail, "
+        "max_drift_steps} (console/jobs/hangs.py); {} = the defaults",
+    )
     elastic = serializers.ChoiceField(
         choices=["inplace", "restart"],
         required=False,
@@ -128,6 +135,12 @@ class JobSpecSerializer(serializers.Serializer):
         "restart: every change restarts the ranks. Default: inplace for built-in workloads that "
         "support it, restart otherwise.",
     )
+
+    def validate_hang(self, value: Any) -> protocol.HangPolicy:
+        try:
+            return hangs.check_policy(value)
+        except hangs.PolicyError as exc:
+            raise serializers.ValidationError([f"{k}: {v}" for k, v in exc.errors.items()]) from None
 
     def validate_nnodes(self, value: str) -> str:
         parse_nnodes(value)
@@ -250,6 +263,7 @@ class JobSpecSerializer(serializers.Serializer):
         return Job(
             owner=owner if owner.is_authenticated else None,
             inplace=inplace,
+            hang_policy=data.pop("hang", {}),
             min_nodes=low,
             max_nodes=high,
             desired_nodes=high,
@@ -301,6 +315,7 @@ class JobSerializer(serializers.ModelSerializer):
     nodes = serializers.SerializerMethodField()
     nnodes = serializers.CharField(read_only=True)
     elastic = serializers.SerializerMethodField()
+    hang = serializers.JSONField(source="hang_policy", read_only=True)
 
     class Meta:
         model = Job
@@ -336,6 +351,7 @@ class JobSerializer(serializers.ModelSerializer):
             "hyperparameters",
             "roles",
             "elastic",
+            "hang",
             "created_at",
             "started_at",
             "finished_at",

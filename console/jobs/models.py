@@ -19,8 +19,10 @@ __all__ = [
     "AllocationState",
     "Bundle",
     "Checkpoint",
+    "Hang",
     "Job",
     "Precision",
+    "RankStack",
     "Round",
     "RoundOutcome",
     "RoundPhase",
@@ -88,6 +90,8 @@ class Job(models.Model):
     # The script keeps its processes across membership changes (workers/sdk/elastic.py): resizes,
     # drains and preemptions are in-place rounds, survivors re-form instead of restarting.
     inplace = models.BooleanField(default=False, help_text="Membership changes are in-place rounds")
+    # Hang detection (protocol.HangPolicy, checked by console/jobs/hangs.py): {} = the defaults.
+    hang_policy = models.JSONField(default=dict, blank=True)
     # Life.
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     round_number = models.PositiveIntegerField(default=0, help_text="Current round; 0 before the first")
@@ -305,6 +309,8 @@ class Allocation(models.Model):
     processes = models.JSONField(default=list, blank=True)
     # In-place rounds: what the host's heartbeats last said of its ranks; "" before any word.
     inplace = models.CharField(max_length=16, blank=True, choices=[(s.value, s.value) for s in InplaceStatus])
+    # Each running rank's last step, from the host's heartbeats (drift: console/jobs/hangs.py).
+    rank_steps = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["round", "node_rank"]
@@ -360,3 +366,6 @@ def job_summary(job: Job) -> dict[str, Any]:
         "restarts": job.restarts,
         "progress": job.progress,
     }
+
+
+from console.jobs.hang_models import Hang, RankStack  # noqa: E402  (the app's tables)

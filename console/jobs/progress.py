@@ -218,10 +218,11 @@ def record_heartbeat(
 
 def last_logged_step(job: Job, number: int) -> int | None:
     """The newest step logged in round ``number``: each series' newest tile of the round (a short
-    backward walk of the tiles' (job, name, bucket_step) index per name, the names found by a
-    skip scan of the same index; per-layer norms left out). It reads the telemetry app's tiles
-    table by SQL, as ``parameter_server.latest_values`` reads its points: jobs does not import
-    telemetry, which reads jobs (tests/test_app_imports.py)."""
+        backward walk of the tiles' (job, name, bucket_step) index per name, the names found by a
+        skip scan of the same index; per-layer norms and the agent's resource samples (``res_*``, whose
+    step is the rank's, or its seconds running) left out). It reads the telemetry app's tiles
+        table by SQL, as ``parameter_server.latest_values`` reads its points: jobs does not import
+        telemetry, which reads jobs (tests/test_app_imports.py)."""
     sql = """
         WITH RECURSIVE names(name) AS (
             (SELECT name FROM telemetry_metricrollup WHERE job_id = %(job)s ORDER BY name LIMIT 1)
@@ -241,6 +242,7 @@ def last_logged_step(job: Job, number: int) -> int | None:
         WHERE names.name IS NOT NULL
           AND names.name <> 'total_steps'
           AND NOT starts_with(names.name, 'grad_norm/')
+          AND NOT starts_with(names.name, 'res_')
     """
     with connection.cursor() as cur:
         cur.execute(sql, {"job": job.pk, "round": number})

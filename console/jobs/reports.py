@@ -20,7 +20,7 @@ from console.core.decision import decision
 from console.core.events import Severity
 from console.core.states import AllocationState, JobState, RoundPhase
 from console.core.transport import send_on_commit
-from console.jobs import inplace, progress
+from console.jobs import hangs, inplace, progress
 from console.jobs.failures import failed, record_failure, settle_failure
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.parameter_server import is_worker_exit, worker_exited
@@ -226,6 +226,11 @@ def _apply_status(
             changed = True
             events.emit("job.running", f"Running round {number}", job=job)
         changed = _record_progress(job, alloc, status, before) or changed
+        steps = status.get("rank_steps") or {}
+        if steps != alloc.rank_steps:
+            alloc.rank_steps = steps
+            alloc.save(update_fields=["rank_steps"])
+            hangs.check_drift(job, number)
         if changed:
             job.save(update_fields=["state", "progress"])
             events.job_changed(job)

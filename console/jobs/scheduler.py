@@ -11,6 +11,7 @@ from console.cluster.watch import detect_lost_nodes
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs.failures import settle_failed_rounds
+from console.jobs.hangs import conclude_gathered
 from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
 from console.jobs.models import Job
@@ -25,11 +26,12 @@ PENDING_ORDER = ("-priority", "created_at", "id")
 
 def tick() -> None:
     """Periodic checks: lost nodes, failures awaiting settlement, in-place rounds slow to form,
-    drains, pending jobs, growth; the progress of jobs that just ended (their last telemetry
+    hangs whose stacks are gathered, drains, pending jobs, growth; the progress of jobs that just ended (their last telemetry
     arrives after they did)."""
     detect_lost_nodes()
     settle_failed_rounds()
     check_forming_rounds()
+    conclude_gathered()
     progress_drains()
     schedule()
     settle_finished()

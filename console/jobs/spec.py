@@ -60,6 +60,8 @@ def round_spec(
             "from_round": int(rnd.carry_over["from_round"]),
             "ranks": {str(old): int(new) for old, new in rnd.carry_over["ranks"].items()},
         }
+    if job.hang_policy:
+        spec["hang"] = job.hang_policy  # type: ignore[typeddict-item]
     if job.inplace and settings.INPLACE_RECOVERY and not job.is_parameter_server:
         spec["recover_in_place"] = True
     if job.is_parameter_server and alloc.processes:

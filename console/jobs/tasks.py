@@ -14,7 +14,7 @@ from celery import shared_task
 from console.cluster.tokens import agent_authorised
 from console.core.retry import ControllerTask
 from console.core.transport import CONTROL_TICK
-from console.jobs import reports, scheduler
+from console.jobs import hangs, reports, scheduler
 from workers import protocol
 
 
@@ -39,3 +39,9 @@ def round_ended(**message: Any) -> None:
             message["outcome"],
             message.get("failures") or [],
         )
+
+
+@shared_task(name=protocol.CONTROL_HANG_REPORTED, base=ControllerTask, ignore_result=True)
+def hang_reported(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_HANG_REPORTED, message):
+        hangs.record_report(message["node"], int(message["job_id"]), int(message["round"]), message["report"])

@@ -11,6 +11,11 @@ export const CHART_KINDS = [
   { id: "samples", title: "Throughput", yLabel: "samples", unit: "samples/s", test: (n) => n === "samples_per_s" || n === "throughput" },
   { id: "tokens", title: "Token throughput", yLabel: "tokens", unit: "tokens/s", test: (n) => n === "tokens_per_s" },
   { id: "lr", title: "Learning rate", yLabel: "lr", test: (n) => /^(lr|learning_rate)(\/|_|$)/.test(n) },
+  // Sampled by the agent for every job, plain scripts too (workers/agent/hangwatch.py).
+  { id: "res_cpu", title: "CPU (process and children)", yLabel: "CPU", unit: "% of a core", test: (n) => n === "res_cpu_percent" },
+  { id: "res_memory", title: "Resident memory (process and children)", yLabel: "RSS", unit: "bytes", kind: "bytes", test: (n) => n === "res_memory_bytes" },
+  { id: "res_gpu_util", title: "GPU utilisation", yLabel: "GPU", unit: "%", test: (n) => n === "res_gpu_util_percent" },
+  { id: "res_gpu_memory", title: "GPU memory", yLabel: "GPU memory", unit: "bytes", kind: "bytes", test: (n) => n === "res_gpu_memory_bytes" },
   { id: "memory", title: "Memory", yLabel: "peak memory", unit: "bytes", kind: "bytes", test: (n) => /memory/.test(n) },
   { id: "eval", title: "Evaluation", yLabel: "score", test: (n) => /^(accuracy|acc|auc|ctr|perplexity|f1|precision|recall)$/.test(n) },
   { id: "params", title: "Parameter norm", yLabel: "‖θ‖₂", test: (n) => n === "param_norm" },

@@ -31,6 +31,7 @@ from workers.agent.credential import (
     resolve_console_url,
     resolve_credential,
 )
+from workers.agent.hangwatch import HangWatcher
 from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
@@ -77,6 +78,7 @@ def register_tasks(
     register: Callable[[], None],
     heartbeat_now: Callable[[], None],
     verifier: CommandVerifier,
+    watcher: HangWatcher | None = None,
 ) -> None:
     """Every command runs only once its seal verifies (workers/signing.py); a refusal is logged."""
 
@@ -117,6 +119,11 @@ def register_tasks(
     def send_heartbeat_now(**kwargs: Any) -> None:
         if verified(protocol.AGENT_HEARTBEAT_NOW, kwargs):
             heartbeat_now()
+
+    @app.task(name=protocol.AGENT_COLLECT_STACKS, ignore_result=True)
+    def collect_stacks(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_COLLECT_STACKS, kwargs) and watcher is not None:
+            watcher.collect(int(kwargs["job_id"]), int(kwargs["round"]), str(kwargs.get("reason") or ""))
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -189,7 +196,8 @@ def run_agent(config: AgentConfig) -> int:
     def register() -> None:
         control.send(protocol.CONTROL_REGISTER, info=node_info(reach, config.slots, dns_warning))
 
-    register_tasks(app, supervisor, register, heartbeat.poke, verifier)
+    watcher = HangWatcher(supervisor.watched, shipper, control.send)
+    register_tasks(app, supervisor, register, heartbeat.poke, verifier, watcher)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
@@ -210,6 +218,7 @@ def run_agent(config: AgentConfig) -> int:
         )
         control.send(protocol.CONTROL_REGISTER, info=info)
         heartbeat.start()
+        watcher.start()
         pool.start()
         worker = app.Worker(
             hostname=f"{config.name}@{socket.gethostname()}",
@@ -228,6 +237,8 @@ def run_agent(config: AgentConfig) -> int:
         supervisor.shutdown(timeout=supervisor.longest_grace() + SHUTDOWN_MARGIN_SECONDS)
         if heartbeat.is_alive():
             heartbeat.stop()
+        if watcher.is_alive():
+            watcher.stop()
         pool.close()
         control.send(protocol.CONTROL_OFFLINE)
         control.close(timeout=CONTROL_FLUSH_SECONDS)

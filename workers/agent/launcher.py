@@ -25,7 +25,7 @@ from typing import Literal
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from workers import protocol
-from workers.agent import runner
+from workers.agent import runner, stacks
 from workers.agent.config import AgentConfig
 from workers.agent.environment import rank_environment
 from workers.agent.network import transport_env
@@ -57,6 +57,7 @@ class RankFiles:
     telemetry: Path
     end_file: Path  # how the rank's Python code ended, before its interpreter's teardown (runner.py)
     control: Path  # the round the rank is in, for sdk.elastic; the SDK's state is beside it
+    progress: Path  # the SDK's step cell (workers/sdk/progress_cell.py)
 
     @classmethod
     def for_rank(cls, config: AgentConfig, spec: RoundSpec, local_rank: int) -> RankFiles:
@@ -71,6 +72,7 @@ class RankFiles:
             telemetry=directory / "telemetry.jsonl",
             end_file=directory / "ended.json",
             control=directory / "control.json",
+            progress=directory / "progress",
         )
 
     def prepare(self) -> None:
@@ -82,6 +84,7 @@ class RankFiles:
         # A redelivered start of the same round must not read the previous attempt's files.
         self.error_file.unlink(missing_ok=True)
         self.end_file.unlink(missing_ok=True)
+        self.progress.unlink(missing_ok=True)
 
 
 def global_rank(spec: RoundSpec, local_rank: int) -> int:
@@ -185,6 +188,7 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_ROUND: str(spec["round"]),
             protocol.ENV_NODE: config.name,
             protocol.ENV_CONTROL: str(files.control),
+            protocol.ENV_PROGRESS: str(files.progress),
             protocol.ENV_CHECKPOINT_DIR: str(config.checkpoint_dir(spec["run_id"])),
             protocol.ENV_TELEMETRY: str(files.telemetry),
             protocol.ENV_HYPERPARAMETERS: json.dumps(spec["hyperparameters"]),
@@ -198,9 +202,23 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
     env.update(transport_env(spec.get("interface", ""), spec["env"]))
     if "ps" in spec:
         env.update(ps_env(config, spec, local_rank))
+    if spec["gpu_indices"]:
+        env.update(flight_recorder_env(spec, files))
     if not spec["env"].get(protocol.ENV_TENSORBOARD_DIR):
         env[protocol.ENV_TENSORBOARD_DIR] = str(tensorboard_dir(config, spec, rank))
     return env
+
+
+def flight_recorder_env(spec: RoundSpec, files: RankFiles) -> dict[str, str]:
+    """NCCL's Flight Recorder for ranks with GPUs (unverified here: no GPU): each keeps a trace of
+    its last collectives and dumps it when one times out, into the rank's directory, where the hang
+    watcher finds it (stacks.flight_recorder_dump). The job's own env wins."""
+    wanted = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(files.directory / stacks.FLIGHT_RECORDER_PREFIX),
+    }
+    return {name: spec["env"].get(name, value) for name, value in wanted.items()}
 
 
 def tensorboard_dir(config: AgentConfig, spec: RoundSpec, rank: int) -> Path:

@@ -139,6 +139,7 @@ class TelemetryShipper(threading.Thread):
         self._lock = threading.Lock()
         self._sources: dict[RankKey, _Source] = {}
         self._progress: dict[RoundKey, RoundProgress] = {}
+        self._rank_steps: dict[RankKey, int] = {}  # each rank's newest step (hang detection)
         self._buffer: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
         self._pending: collections.Counter[RankKey] = collections.Counter()  # records buffered
         # finished sources whose marker awaits the send of every key they shipped under
@@ -256,6 +257,19 @@ class TelemetryShipper(threading.Thread):
     def forget_round(self, job_id: int, round_: int) -> None:
         with self._lock:
             self._progress.pop((job_id, round_), None)
+            for key in [key for key in self._rank_steps if key[:2] == (job_id, round_)]:
+                del self._rank_steps[key]
+
+    def rank_step(self, job_id: int, round_: int, rank: int) -> int | None:
+        """The newest step rank ``rank`` of the round logged (None: none yet)."""
+        with self._lock:
+            return self._rank_steps.get((job_id, round_, rank))
+
+    def push(self, key: RankKey, records: list[dict[str, Any]]) -> None:
+        """Records the agent made itself (resource samples: hangwatch.py) shipped with the rank's."""
+        with self._lock:
+            self._buffer.extend((key, record) for record in records)
+            self._pending[key] += len(records)
 
     @property
     def buffered(self) -> int:
@@ -379,6 +393,8 @@ class TelemetryShipper(threading.Thread):
                     return record  # logged at step 0 whatever the step: not a step taken
                 if progress.last_step is None or record["step"] > progress.last_step:
                     progress.last_step = record["step"]
+                if record["step"] > self._rank_steps.get(source.key, -1):
+                    self._rank_steps[source.key] = record["step"]
                 if progress.first_step_at is None:
                     progress.first_step_at = float(record["t"])
         return record

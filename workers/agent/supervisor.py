@@ -41,13 +41,14 @@ from workers.agent.decide import (
     decide_stop,
     decide_tick,
 )
-from workers.agent.lifecycle import InplaceReport, JobSlot, LocalRound, SlotState
+from workers.agent.lifecycle import InplaceReport, JobSlot, LocalRound, LocalState, SlotState
 from workers.agent.monitor import observe
 from workers.agent.reaper import ReaperClient
 from workers.agent.retention import prune_rounds
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.warmpool import WarmPool
-from workers.protocol import InplaceStatus, RankStatus, RoundSpec, RoundStatus
+from workers.protocol import InplaceStatus, RankState, RankStatus, RoundSpec, RoundStatus
+from workers.sdk import progress_cell
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,21 @@ class Shutdown:
 
 
 Command = StartRound | StopJob | Sync | Shutdown
+
+
+@dataclass(frozen=True)
+class WatchedRank:
+    rank: int
+    local_rank: int
+    pid: int
+    directory: Path  # its files (launcher.RankFiles)
+    progress: Path  # its SDK step cell
+
+
+@dataclass(frozen=True)
+class WatchedRound:
+    spec: RoundSpec
+    ranks: tuple[WatchedRank, ...]
 
 
 def grace_of(spec: RoundSpec) -> float:
@@ -150,6 +166,15 @@ class Supervisor(threading.Thread):
                 )
                 if progress.total_steps is not None:
                     status["total_steps"] = progress.total_steps
+                steps = {
+                    str(r.rank): step
+                    for r in local.ranks
+                    if r.state is RankState.RUNNING
+                    and (step := self.rank_step(local.job_id, local.number, r.rank, r.files.progress))
+                    is not None
+                }
+                if steps:
+                    status["rank_steps"] = steps
                 if local.reports_inplace:
                     said = local.inplace or InplaceReport(InplaceStatus.FORMING)
                     status["inplace"], status["inplace_reason"] = said.status, said.reason
@@ -157,6 +182,33 @@ class Supervisor(threading.Thread):
                         status["inplace_formed_at"] = said.formed_at
                 statuses.append(status)
             return statuses
+
+    def watched(self) -> list[WatchedRound]:
+        """The rounds whose ranks run here now, for the hang watcher (hangwatch.py)."""
+        with self._lock:
+            return [
+                WatchedRound(
+                    slot.active.spec,
+                    tuple(
+                        WatchedRank(r.rank, r.local_rank, r.pid, r.files.directory, r.files.progress)
+                        for r in slot.active.ranks
+                        if r.state is RankState.RUNNING
+                    ),
+                )
+                for slot in self._jobs.values()
+                if slot.state is SlotState.RUNNING
+                and slot.active is not None
+                and slot.active.state is LocalState.RUNNING
+            ]
+
+    def rank_step(self, job_id: int, number: int, rank: int, cell: Path) -> int | None:
+        """A rank's newest step: its SDK step cell, else the newest step its telemetry logged."""
+        steps = [
+            step
+            for step in (progress_cell.read(cell), self._shipper.rank_step(job_id, number, rank))
+            if step is not None
+        ]
+        return max(steps, default=None)
 
     def shutdown(self, timeout: float) -> None:
         """Stops every round gracefully and waits for the loop to finish."""

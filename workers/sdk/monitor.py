@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.sdk.progress_cell import cell as progress_cell
 from workers.sdk.telemetry import env_rank, telemetry
 
 # Parameters this large (embedding tables) are left out of the update/parameter ratio: copying
@@ -68,6 +69,8 @@ class StepTimer:
         tb: TracebackType | None,
     ) -> None:
         self._steps += 1
+        if exc_type is None:
+            progress_cell().write(self._step)
         if exc_type is None and (self._step % self.every == 0 or not self._reported):
             self._report(self._step, time.perf_counter() - self._window_start)
 

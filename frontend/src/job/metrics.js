@@ -61,9 +61,10 @@ export class MetricsPanel {
   onFrame(data) {
     if (data.frame && this.lastFrame && data.frame > this.lastFrame + 1) this.refetchGap();
     if (data.frame) this.lastFrame = data.frame;
-    // total_steps is logged at step 0 whatever the step: it is no step taken.
+    // total_steps is logged at step 0 whatever the step: it is no step taken; nor are the agent's
+    // resource samples (res_*: a plain script's are at its seconds running).
     const steps = Object.entries(data.series || {})
-      .filter(([name]) => name !== "total_steps")
+      .filter(([name]) => name !== "total_steps" && !name.startsWith("res_"))
       .flatMap(([, pts]) => pts.map((p) => p[0]));
     if (data.round && steps.length) this.onStep(data.round, Math.max(...steps));
     if (data.round && data.round > this.liveRound) {
