@@ -76,6 +76,7 @@ def test_the_goodput_of_a_scripted_job_adds_up_and_is_drawn(live_console: LiveCo
 
     figure = api.get(f"/api/v1/jobs/{job.pk}/goodput/?bins=30").json()
     seconds = figure["seconds"]
+    assert job.finished_at is not None
     wall = (job.finished_at - job.created_at).total_seconds()
     assert figure["wall_seconds"] == pytest.approx(wall)
     assert sum(seconds.values()) == pytest.approx(wall)
