@@ -8,4 +8,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("trainyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["console.cluster", "console.jobs", "console.telemetry", "console.experiments"])
+app.autodiscover_tasks(
+    ["console.cluster", "console.jobs", "console.telemetry", "console.experiments", "console.alerts"]
+)

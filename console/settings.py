@@ -306,3 +306,23 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
     "SweepStateEnum": "console.experiments.models.SweepState",
     "TrialStateEnum": "console.experiments.models.TrialState",
 }
+
+# --- Alerts (issue 24) -------------------------------------------------------------------------
+# Kept in one block so that other changes to the settings above merge cleanly.
+INSTALLED_APPS.insert(INSTALLED_APPS.index("console.api"), "console.alerts")
+CELERY_BEAT_SCHEDULE["controller-alerts"] = {
+    # Events and metrics matched against rules, then due deliveries sent (console/alerts/).
+    "task": "trainyard.control.alerts",
+    "schedule": CONTROLLER_TICK,
+    "options": {"expires": 5},
+}
+# Webhook targets on loopback, private, link-local or other non-public addresses are refused
+# (SSRF) unless this is on (a receiver on the console's own network, the tests' local receiver).
+ALERTS_ALLOW_PRIVATE_TARGETS = envbool("TRAINYARD_ALERTS_ALLOW_PRIVATE_TARGETS", False)
+ALERTS_MAX_ATTEMPTS = envint("TRAINYARD_ALERTS_MAX_ATTEMPTS", 6, minimum=1)
+ALERTS_RETRY_BASE_SECONDS = envfloat("TRAINYARD_ALERTS_RETRY_BASE_SECONDS", 2.0)
+EMAIL_BACKEND = os.environ.get("TRAINYARD_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("TRAINYARD_EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("TRAINYARD_EMAIL_PORT", 25, minimum=1)
+EMAIL_FILE_PATH = os.environ.get("TRAINYARD_EMAIL_FILE_PATH", str(TRAINYARD_HOME / "mail"))
+DEFAULT_FROM_EMAIL = os.environ.get("TRAINYARD_EMAIL_FROM", "trainyard@localhost")

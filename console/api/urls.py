@@ -15,6 +15,7 @@ urlpatterns = [
     path("v1/", include("console.jobs.bundle_urls")),
     path("v1/", include("console.telemetry.urls")),
     path("v1/", include("console.experiments.urls")),
+    path("v1/", include("console.alerts.urls")),
     path("v1/", include(router.urls)),
     path("v1/auth/token/", PasswordTokenView.as_view(), name="auth-token"),
     path("v1/audit/", AuditList.as_view(), name="audit-list"),

@@ -29,6 +29,7 @@ from rest_framework.views import APIView
 from console.cluster.models import Gpu, Node
 from console.core.states import JobState, NodeState
 from console.jobs.models import Job
+from console.telemetry import goodput, goodput_data
 from console.telemetry.ingest.stats import STATS_KEY
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
@@ -75,6 +76,7 @@ class ConsoleCollector:
         yield from self.jobs_and_nodes()
         yield from self.hosts()
         yield from self.ingest()
+        yield from self.goodput()
 
     def jobs_and_nodes(self) -> Iterator[Metric]:
         jobs = dict(Job.objects.values_list("state").annotate(n=Count("pk")).order_by())
@@ -87,6 +89,32 @@ class ConsoleCollector:
         for state in NodeState.values:
             family.add_metric([state], float(nodes.get(state, 0)))
         yield family
+
+    def goodput(self) -> Iterator[Metric]:
+        """Each job not yet ended: goodput and seconds per bucket; the cluster's per window."""
+        ratio = GaugeMetricFamily(
+            "trainyard_job_goodput_ratio", "Productive step time over wall time.", labels=["job"]
+        )
+        seconds = GaugeMetricFamily(
+            "trainyard_job_goodput_seconds", "Wall time by goodput bucket.", labels=["job", "bucket"]
+        )
+        active = Job.objects.exclude(state__in=[s.value for s in JobState if s.is_terminal])
+        for job_id, timeline in goodput_data.timelines(active).items():
+            result = goodput.compute(timeline)
+            if result.ratio is not None:
+                ratio.add_metric([str(job_id)], result.ratio)
+            for bucket, value in result.totals().items():
+                seconds.add_metric([str(job_id), bucket], value)
+        yield ratio
+        yield seconds
+        cluster = GaugeMetricFamily(
+            "trainyard_cluster_goodput_ratio", "Every job's goodput over a window.", labels=["window"]
+        )
+        for name, window in goodput_data.WINDOWS.items():
+            figure = goodput_data.cluster_goodput(window)["goodput"]
+            if isinstance(figure, float):
+                cluster.add_metric([name], figure)
+        yield cluster
 
     def hosts(self) -> Iterator[Metric]:
         cpu = GaugeMetricFamily(

@@ -1,6 +1,6 @@
 from django.urls import URLPattern, path
 
-from console.telemetry import api
+from console.telemetry import api, goodput_api
 from console.telemetry.log_stream import LogStreamView
 from console.telemetry.role_series import RoleSeriesView
 
@@ -17,4 +17,6 @@ urlpatterns: list[URLPattern] = [
     path("jobs/<int:job_id>/logs/", api.LogsView.as_view(), name="job-logs"),
     path("jobs/<int:job_id>/logs/stream/", LogStreamView.as_view(), name="job-logs-stream"),
     path("jobs/<int:job_id>/checkpoints/", api.CheckpointsView.as_view(), name="job-checkpoints"),
+    path("jobs/<int:job_id>/goodput/", goodput_api.JobGoodputView.as_view(), name="job-goodput"),
+    path("goodput/", goodput_api.ClusterGoodputView.as_view(), name="cluster-goodput"),
 ]

@@ -21,6 +21,7 @@ from console.jobs.failures import launch_reason
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
+from console.telemetry import goodput_data
 from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
@@ -68,6 +69,26 @@ def cluster_summary() -> dict[str, Any]:
     }
 
 
+def cluster_goodput() -> list[dict[str, Any]]:
+    """The dashboard's goodput card: each window's figure and its largest badput buckets."""
+    rows = []
+    for name, seconds in goodput_data.WINDOWS.items():
+        figure = goodput_data.cluster_goodput(seconds)
+        spent = figure["seconds"]
+        assert isinstance(spent, dict)
+        wall = float(figure["wall_seconds"])  # type: ignore[arg-type]
+        worst = sorted(((v, k) for k, v in spent.items() if k != "productive" and v > 0), reverse=True)[:3]
+        rows.append(
+            {
+                "window": name,
+                "percent": None if figure["goodput"] is None else round(100 * float(figure["goodput"]), 1),  # type: ignore[arg-type]
+                "jobs": figure["jobs"],
+                "badput": [(k, round(100 * v / wall, 1)) for v, k in worst] if wall else [],
+            }
+        )
+    return rows
+
+
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(
@@ -75,6 +96,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "web/dashboard.html",
         {
             "summary": cluster_summary(),
+            "goodput": cluster_goodput(),
             "jobs": _recent_jobs(),
             "nodes": _nodes(),
             "queue": pending_queue(),

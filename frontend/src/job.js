@@ -1,10 +1,11 @@
-// Job page: live state, progress and ETA, charts, ranks, events (root cause linked to its log
+// Job page: live state, progress and ETA, goodput, charts, ranks, events (root cause linked to its log
 // lines), logs, checkpoints, the newest hang's stacks; Resize / Restart / Stop for operators. Each card is a module under
 // job/; this file holds the job's live summary and wires the cards to the live connection.
 import { getJSON } from "./api.js";
 import { setBadge, TERMINAL } from "./format.js";
 import { subscribe } from "./live.js";
 import { refreshCheckpoints } from "./job/checkpoints.js";
+import { refreshGoodput } from "./job/goodput.js";
 import { refreshHangs } from "./job/hangs.js";
 import { bindControls } from "./job/controls.js";
 import { $ } from "./job/dom.js";
@@ -74,6 +75,7 @@ async function refreshDetail() {
     $("world-size").textContent = current && !TERMINAL.has(detail.state) ? current.world_size : "—";
     metrics.updateBoundaries(rounds);
     refreshCheckpoints(jobId).catch(() => {});
+    refreshGoodput(jobId).catch(() => {});
     refreshHangs(jobId).catch(() => {});
     refreshRoleStats(jobId).catch(() => {});
     roleCharts?.refresh();
@@ -144,4 +146,5 @@ setInterval(() => {
   // its workers' loss and throughput are read by range.
   if (config.parameter_server) metrics.refetchGap();
   refreshCheckpoints(jobId).catch(() => {});
+  refreshGoodput(jobId).catch(() => {});
 }, REFRESH_EVERY_MS);

@@ -33,8 +33,9 @@ class StepTimer:
 
     One reused object; per step it only counts. Each ``every``-th step (and the first, which
     includes warm-up) it emits the wall time per step over the window (from the first step's
-    start to the last one's end, so data loading between steps counts), samples/s, tokens/s and
-    peak memory.
+    start to the last one's end, so data loading between steps counts), samples/s, tokens/s,
+    peak memory and ``data_wait_s``: the part of a step's wall time spent between two ``with``
+    blocks (fetching the next batch), which the console's goodput counts as data waits.
     """
 
     def __init__(self, every: int = 10) -> None:
@@ -45,6 +46,8 @@ class StepTimer:
         self._tokens = 0
         self._steps = 0
         self._reported = False
+        self._left = 0.0  # when the last step's block ended
+        self._between = 0.0  # seconds between blocks in this window
 
     def __call__(self, step: int, samples: int = 0, tokens: int = 0) -> StepTimer:
         self._step = step
@@ -58,8 +61,11 @@ class StepTimer:
         self._tokens += tokens
 
     def __enter__(self) -> StepTimer:
+        now = time.perf_counter()
         if not self._window_start:
-            self._window_start = time.perf_counter()
+            self._window_start = now
+        elif self._left:
+            self._between += now - self._left
         return self
 
     def __exit__(
@@ -69,21 +75,25 @@ class StepTimer:
         tb: TracebackType | None,
     ) -> None:
         self._steps += 1
+        self._left = time.perf_counter()
         if exc_type is None:
             progress_cell().write(self._step)
         if exc_type is None and (self._step % self.every == 0 or not self._reported):
-            self._report(self._step, time.perf_counter() - self._window_start)
+            self._report(self._step, self._left - self._window_start)
 
     def _report(self, step: int, elapsed: float) -> None:
         self._reported = True
-        values: dict[str, Any] = {"step_time_s": elapsed / self._steps}
+        values: dict[str, Any] = {
+            "step_time_s": elapsed / self._steps,
+            "data_wait_s": self._between / self._steps,
+        }
         if elapsed > 0 and self._samples:
             values["samples_per_s"] = self._samples / elapsed
         if elapsed > 0 and self._tokens:
             values["tokens_per_s"] = self._tokens / elapsed
         values["peak_memory_bytes"] = peak_memory_bytes()
         telemetry().metric(step, values, echo=False)
-        self._window_start = 0.0
+        self._window_start = self._left = self._between = 0.0
         self._samples = self._tokens = self._steps = 0
 
 

@@ -1,0 +1,8 @@
+"""The Django app config."""
+
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    name = "console.alerts"
+    label = "alerts"
