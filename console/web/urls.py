@@ -1,6 +1,7 @@
 from django.urls import path
 
 from console.web import views
+from console.web.quotas import quotas_page
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -10,6 +11,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/live/", views.job_live, name="job_live"),
     path("nodes/", views.node_list, name="node_list"),
+    path("quotas/", quotas_page, name="quotas"),
     path("nodes/<slug:name>/", views.node_detail, name="node_detail"),
     # A page (it sends anonymous users to the login form), so not under /api/, where every
     # endpoint answers machines with 401/403.
