@@ -1,5 +1,6 @@
 """Reads what the quota decisions need from the database: each pool's size, each workspace's
-quota and use, pending jobs as ``Ask``s and running ones as ``Holder``s
+quota and use, pending jobs as ``Ask``s and running ones as ``Holder``s, and the rows the quotas
+page, the dashboard and ``GET /api/v1/quotas/`` show
 (console/teams/fairshare.py and console/teams/reclaim.py decide; this only reads).
 
 A job's units are what quotas count of it: GPUs for a GPU job, CPU slots for a CPU job, at its
@@ -10,11 +11,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count
 
 from console.cluster.models import Gpu, Node
 from console.core.states import JobState, NodeState
 from console.jobs.models import Job
 from console.jobs.snapshot import labels, live_allocations
+from console.teams import access
 from console.teams.fairshare import Ask, Ledger, PoolView, QuotaView
 from console.teams.models import NodePool, Quota, Resource, Workspace
 from console.teams.reclaim import Holder
@@ -120,3 +126,69 @@ def holders(pool: str, workspaces: Iterable[str]) -> list[Holder]:
             order=job_id,
         )
     return list(found.values())
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    pool: str
+    unit: str
+    capacity: int
+    workspace: str
+    weight: int
+    nominal: int
+    borrowing_limit: int | None
+    used: int
+    borrowed: int
+    pending: int
+    mine: bool  # the viewer belongs to it
+
+    @property
+    def used_pct(self) -> int:
+        return round(100 * self.used / self.capacity) if self.capacity else 0
+
+    @property
+    def nominal_pct(self) -> int:
+        return round(100 * self.nominal / self.capacity) if self.capacity else 0
+
+
+def quota_rows(user: Any) -> list[QuotaRow]:
+    """One row per pool and workspace with a quota there (or use of it), pool by pool."""
+    book = ledger()
+    weights = dict(Workspace.objects.values_list("name", "weight"))
+    units = {p.name: ("GPUs" if p.resource == Resource.GPU else "CPU slots") for p in NodePool.objects.all()}
+    pending: dict[tuple[str, str], int] = {}
+    counts = (
+        Job.objects.filter(state=JobState.PENDING, pool__isnull=False)
+        .values_list("workspace__name", "pool__name")
+        .annotate(n=Count("id"))
+    )
+    for workspace, pool, n in counts:
+        pending[(workspace, pool)] = n
+    mine = set(Workspace.objects.filter(pk__in=list(access.roles(user))).values_list("name", flat=True))
+    rows = []
+    for name, pool in sorted(book.pools.items()):
+        names = sorted(
+            {
+                *pool.quotas,
+                *(ws for ws, p in book.used if p == name),
+                *(ws for ws, p in pending if p == name),
+            }
+        )
+        for workspace in names:
+            quota = book.quota(workspace, name)
+            rows.append(
+                QuotaRow(
+                    pool=name,
+                    unit=units.get(name, "GPUs"),
+                    capacity=pool.capacity,
+                    workspace=workspace,
+                    weight=weights.get(workspace, 1),
+                    nominal=quota.nominal,
+                    borrowing_limit=quota.borrowing_limit,
+                    used=book.use(workspace, name),
+                    borrowed=book.borrowed(workspace, name),
+                    pending=pending.get((workspace, name), 0),
+                    mine=workspace in mine,
+                )
+            )
+    return rows
