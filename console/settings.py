@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "channels",
     "console.core",
     "console.cluster",
+    "console.teams",
     "console.jobs",
     "console.telemetry",
     "console.experiments",

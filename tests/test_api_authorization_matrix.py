@@ -6,6 +6,9 @@ per-node credential that answers like ``node`` everywhere but may download its o
 Every cell runs in its own savepoint, so a revoke or a stop in one cell does not change the next.
 
 Token columns are tokens of a staff superuser, so their answers show the scopes alone at work.
+The job lives in a closed workspace ("m-team": viewer a viewer, oper an editor there); "outsider"
+is a site operator who is no member of it: every job of it is 404 to them (another workspace's
+job does not exist), where the operator's answer is not a 405.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from console.cluster.models import Node
 from console.experiments.models import Sweep
 from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
+from console.teams.models import Membership, Role, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -132,6 +136,16 @@ DELETE /api/v1/tokens/current/             401 404 404 404  204 204 204 204  401
 GET    /api/v1/no-such-endpoint/           401 404 404 404  404 403 403 403  401 401 401
 *      /api/v1/no-such-endpoint/           401 404 404 404  403 403 403 404  401 401 401
 GET    /metrics                            401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/workspaces/                 401 200 200 200  200 403 403 403  401 401 401
+*      /api/v1/workspaces/                 401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/workspaces/{ws}/members/    401 405 405 405  405 403 403 403  401 401 401
+POST   /api/v1/workspaces/{ws}/members/    401 403 403 201  403 403 403 201  401 401 401
+*      /api/v1/workspaces/{ws}/members/    401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/workspaces/{ws}/members/{member}/  401 405 405 405  405 403 403 403  401 401 401
+DELETE /api/v1/workspaces/{ws}/members/{member}/  401 403 403 204  403 403 403 204  401 401 401
+*      /api/v1/workspaces/{ws}/members/{member}/  401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/quotas/                     401 200 200 200  200 403 403 403  401 401 401
+*      /api/v1/quotas/                     401 405 405 405  403 403 403 405  401 401 401
 *      /metrics                            401 405 405 405  403 403 403 405  401 401 401
 """
 
@@ -152,9 +166,35 @@ def bearer(raw: str) -> Callable[[APIClient], None]:
 # New kinds of caller go here, one line each. "node" is the shared node token (opted in here);
 # a node's own credential answers like it except that it may download only its own jobs' bundles.
 ARCHIVE = "GET /api/v1/bundles/{sha}/archive/"
+
+
+def session(user: Callable[[Any], User]) -> Callable[[Any], Callable[[APIClient], None]]:
+    return lambda w: lambda client: client.force_login(user(w))
+
+
+def outsider_cells() -> dict[str, int]:
+    """Every cell of a job path that the operator does not get 405 for, and changing the
+    workspace's members (which the operator may see, as an editor): 404."""
+    listed = {}
+    for line in MATRIX.strip().splitlines():
+        method, path, *codes = line.split()
+        listed[(method, path)] = int(codes[COLUMNS.index("oper")])
+    cells = {
+        "POST /api/v1/workspaces/{ws}/members/": 404,
+        "DELETE /api/v1/workspaces/{ws}/members/{member}/": 404,
+    }
+    for (method, path), oper in listed.items():
+        if "{job}" not in path or oper == 405:
+            continue
+        verbs = [method] if method != "*" else [m for m in METHODS if (m, path) not in listed]
+        cells.update({f"{verb} {path}": 404 for verb in verbs})
+    return cells
+
+
 DERIVED: dict[str, Derived] = {
     "own_node": Derived("node", lambda w: bearer(w.node_secret), {ARCHIVE: 200}),
     "other_node": Derived("node", lambda w: bearer(w.other_node_secret), {ARCHIVE: 403}),
+    "outsider": Derived("oper", session(lambda w: w.outsider), outsider_cells()),
 }
 
 
@@ -207,8 +247,19 @@ class World:
         revoked, self.raw["revoked"] = ApiToken.issue(self.staff, "revoked", ["read", "jobs:write", "admin"])
         revoked.revoke()
         self.probe_token = ApiToken.issue(self.staff, "probe", ["read"])[0]
+        self.team = Workspace.objects.create(name="m-team")
+        Membership.objects.create(workspace=self.team, user=self.viewer, role=Role.VIEWER)
+        Membership.objects.create(workspace=self.team, user=self.operator, role=Role.EDITOR)
+        self.outsider = User.objects.create_user("m-outsider", password="pw-outsider-1")
+        self.outsider.groups.add(operators)
+        User.objects.create_user("m-newcomer", password="pw-newcomer-1")
         self.job = Job.objects.create(
-            name="m-job", workload="digits-mlp", min_nodes=1, max_nodes=2, desired_nodes=2
+            name="m-job",
+            workload="digits-mlp",
+            min_nodes=1,
+            max_nodes=2,
+            desired_nodes=2,
+            workspace=self.team,
         )
         self.node = Node.objects.create(name="m-node", state="ONLINE")
         self.sweep = Sweep.objects.create(
@@ -235,6 +286,8 @@ class World:
             sha=self.bundle.sha256,
             token=self.probe_token.pk,
             sweep=self.sweep.pk,
+            ws=self.team.name,
+            member=self.viewer.username,
         )
 
     def client_for(self, column: str) -> APIClient:
@@ -268,6 +321,8 @@ def body_for(method: str, path: str, world: World) -> dict[str, Any]:
             "max_trials": 1,
         }
         return {"data": sweep, "format": "json"}
+    if path.endswith("/members/"):
+        return {"data": {"user": "m-newcomer", "role": "editor"}, "format": "json"}
     if path == "/api/v1/nodes/join-tokens/":
         return {"data": {"name": "m-join"}, "format": "json"}
     if path == "/api/v1/tokens/":
@@ -315,7 +370,7 @@ def test_the_matrix_covers_every_api_endpoint() -> None:
     reached = set()
     for path in covered:
         if path.startswith("/api/"):
-            sample = path.format(job=1, node=1, bundle=1, sha="a" * 64, token=1, sweep=1)
+            sample = path.format(job=1, node=1, bundle=1, sha="a" * 64, token=1, sweep=1, ws="w", member="u")
             reached.add(resolve(sample).url_name)
     assert names - reached == set()
 

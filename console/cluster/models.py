@@ -35,6 +35,8 @@ class Node(models.Model):
     agent_session = models.CharField(
         max_length=64, blank=True, help_text="Changes each time the agent starts"
     )
+    # Set by an admin (GPU model, zone, anything): node pools and jobs' node selectors match them.
+    labels = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]

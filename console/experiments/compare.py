@@ -18,6 +18,7 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from console.jobs.models import Job
+from console.teams import access
 from console.telemetry.downsample import finite_or_none
 
 MAX_JOBS = 50
@@ -34,11 +35,10 @@ SPEC_FIELDS = ("workload", "entrypoint", "args", "nnodes", "nproc_per_node", "pr
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
-    """The jobs ``user`` may see: the one place a comparison narrows by who asks. Every signed-in
-    role sees every job today (README, Roles); teams (issue 25) narrow it here."""
+    """The jobs ``user`` may see: those of the workspaces they belong to (site admins: all)."""
     if not getattr(user, "is_authenticated", False):
         return Job.objects.none()
-    return Job.objects.all()
+    return access.visible(user, Job.objects.all())
 
 
 def higher_is_better(name: str) -> bool:

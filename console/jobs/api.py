@@ -8,61 +8,24 @@ from typing import Any
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
-from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.errors import Conflict
 from console.api.models import Scope
-from console.core.roles import is_operator
 from console.jobs import actions, hangs
 from console.jobs import roles as job_roles
+from console.jobs.env_names import ENV_NAME, RESERVED_ENV
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
 from console.jobs.queries import JobFilter, attach_current_rounds, job_ordering
+from console.jobs.tenancy import IsOperatorOrReadOnly, submit_pool, submit_workspace, visible_job
+from console.teams import access
+from console.teams.models import Role
 from workers import protocol
-from workers.ps import contract as ps_contract
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Names the launcher owns: a job may not override the rendezvous or rank contract.
-RESERVED_ENV = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_NAME",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_ERROR_FILE",
-    "CUDA_VISIBLE_DEVICES",
-    # A parameter-server process's place (workers/ps/contract.py); tunables such as
-    # TRAINYARD_PS_LEASE_S stay the job's to set.
-    ps_contract.ENV_ROLE,
-    ps_contract.ENV_INDEX,
-    ps_contract.ENV_PS_COUNT,
-    ps_contract.ENV_WORKER_COUNT,
-    ps_contract.ENV_ADDRESSES,
-    ps_contract.ENV_COORDINATOR,
-    ps_contract.ENV_MODE,
-}
 MAX_NODES = 1024
-
-
-class IsOperatorOrReadOnly(permissions.BasePermission):
-    message = "Only members of the 'operator' group may change jobs."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        if not (request.user and request.user.is_authenticated):
-            return False
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return is_operator(request.user)
 
 
 def parse_nnodes(value: Any) -> tuple[int, int]:
@@ -125,6 +88,22 @@ class JobSpecSerializer(serializers.Serializer):
         default=dict,
         help_text="Hang detection: {timeout_s, multiple, floor_s, first_step_s, action: notify|restart|fail, "
         "max_drift_steps} (console/jobs/hangs.py); {} = the defaults",
+    )
+    workspace = serializers.SlugField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=64,
+        help_text="The workspace it belongs to (whose quota it uses); default: yours",
+    )
+    pool = serializers.SlugField(
+        required=False, allow_blank=True, default="", max_length=64, help_text="The node pool it runs in"
+    )
+    node_selector = serializers.DictField(
+        child=serializers.CharField(max_length=128),
+        required=False,
+        default=dict,
+        help_text='Labels every node of the job must have, e.g. {"zone": "b"}',
     )
     elastic = serializers.ChoiceField(
         choices=["inplace", "restart"],
@@ -256,10 +235,26 @@ class JobSpecSerializer(serializers.Serializer):
         except ValueError as exc:
             raise serializers.ValidationError({"hyperparameters": [str(exc)]}) from None
 
+    def validate_node_selector(self, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 32:
+            raise serializers.ValidationError("At most 32 labels.")
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-/]{1,63}", key):
+                raise serializers.ValidationError(f"{key!r} is not a valid label name.")
+        return value
+
     def to_job(self, owner: Any) -> Job:
         data = dict(self.validated_data)
         low, high = parse_nnodes(data.pop("nnodes"))
         inplace = data.pop("elastic", "") == "inplace"
+        workspace = submit_workspace(owner, data.pop("workspace"))
+        pool = submit_pool(data.pop("pool"), workspace, gpus=bool(data.get("gpus_per_proc")))
+        bundle = data.get("bundle")
+        if bundle is not None and not bundle.workspaces.filter(pk=workspace.pk).exists():
+            # As if it did not exist: another workspace's bundle is not this one's to run.
+            raise serializers.ValidationError(
+                {"bundle": [f'Invalid pk "{bundle.pk}" - object does not exist.']}
+            )
         return Job(
             owner=owner if owner.is_authenticated else None,
             inplace=inplace,
@@ -267,6 +262,8 @@ class JobSpecSerializer(serializers.Serializer):
             min_nodes=low,
             max_nodes=high,
             desired_nodes=high,
+            workspace=workspace,
+            pool=pool,
             **data,
         )
 
@@ -310,6 +307,8 @@ class RoundSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    workspace = serializers.CharField(source="workspace.name", read_only=True)
+    pool = serializers.CharField(source="pool.name", default=None, read_only=True)
     round = serializers.IntegerField(source="round_number", read_only=True)
     world_size = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
@@ -323,6 +322,10 @@ class JobSerializer(serializers.ModelSerializer):
             "id",
             "name",
             "owner",
+            "workspace",
+            "pool",
+            "node_selector",
+            "wait_reason",
             "state",
             "round",
             "world_size",
@@ -432,7 +435,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     write_scope = Scope.JOBS_WRITE
 
     def get_queryset(self) -> QuerySet[Job]:
-        return Job.objects.select_related("owner")
+        return access.visible(self.request.user, Job.objects.select_related("owner", "workspace", "pool"))
 
     def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # Filters apply to the list only; a detail or an action finds any job by id.
@@ -459,9 +462,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"], filterset_class=None)
     def rounds(self, request: Request, pk: str) -> Response:
         """Every round of the job, newest first, with its allocations."""
-        job_id = self._id(pk)
-        if not Job.objects.filter(pk=job_id).exists():
-            raise Http404("No such job.")
+        job_id = visible_job(request.user, pk).pk
         allocations = Allocation.objects.select_related("node").order_by("node_rank")
         rounds = Round.objects.filter(job_id=job_id).prefetch_related(
             Prefetch("allocations", queryset=allocations)
@@ -485,26 +486,30 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = body.validated_data
         if "role" in data:
             job = _control(
-                actions.resize_role, self._id(pk), data["role"], data["count"], request.user, field="count"
+                actions.resize_role,
+                self._editable(request, pk),
+                data["role"],
+                data["count"],
+                request.user,
+                field="count",
             )
         else:
-            job = _control(actions.resize_job, self._id(pk), data["nodes"], request.user)
+            job = _control(actions.resize_job, self._editable(request, pk), data["nodes"], request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str) -> Response:
-        job = _control(actions.restart_job, self._id(pk), request.user)
+        job = _control(actions.restart_job, self._editable(request, pk), request.user)
         return Response(JobDetailSerializer(job).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str) -> Response:
-        job = _control(actions.stop_job, self._id(pk), request.user)
+        job = _control(actions.stop_job, self._editable(request, pk), request.user)
         return Response(JobDetailSerializer(job).data)
 
     @staticmethod
-    def _id(pk: str) -> int:
-        if not str(pk).isdigit():
-            raise Http404("No such job.")
-        return int(pk)
+    def _editable(request: Request, pk: str) -> int:
+        """The job's id once the caller may change it (404: not theirs to see; 403: to change)."""
+        return visible_job(request.user, pk, Role.EDITOR).pk

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.http import FileResponse, Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -26,9 +27,10 @@ from console.api.models import Scope
 from console.cluster import tokens
 from console.core.audit import AuthMethod, mark_auth
 from console.core.models import AuditEntry
-from console.core.roles import is_operator
 from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Allocation, Bundle
+from console.jobs.tenancy import submit_workspace
+from console.teams import access
 from workers.bundles import UNPACKED_FACTOR
 
 # Multipart framing around the file; a request larger than the limit plus this is refused before
@@ -44,16 +46,26 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 
 class IsOperatorForUpload(permissions.BasePermission):
-    message = "Only members of the 'operator' group may upload bundles."
+    message = "Only editors of a workspace (or members of the 'operator' group) may upload bundles."
 
     def has_permission(self, request: Request, view: Any) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        return request.method in permissions.SAFE_METHODS or is_operator(request.user)
+        return request.method in permissions.SAFE_METHODS or access.acts_anywhere(request.user)
 
 
-class BundleListCreate(ListAPIView[Bundle]):
-    queryset = Bundle.objects.all()
+class VisibleBundles:
+    """Bundles of the workspaces the caller sees (a node agent: any; its own check follows)."""
+
+    def get_queryset(self) -> QuerySet[Bundle]:
+        bundles = Bundle.objects.all()
+        user = self.request.user  # type: ignore[attr-defined]
+        if isinstance(user, NodeAgent):
+            return bundles
+        return access.visible(user, bundles, "workspaces").distinct()
+
+
+class BundleListCreate(VisibleBundles, ListAPIView[Bundle]):
     serializer_class = BundleSerializer
     permission_classes = [IsOperatorForUpload]
     parser_classes = [MultiPartParser, FormParser]
@@ -80,7 +92,8 @@ class BundleListCreate(ListAPIView[Bundle]):
         if uploaded is None:
             return _refused("Send the archive as the multipart field 'file'.")
         try:
-            bundle = store_bundle(uploaded, request.user)
+            workspace = submit_workspace(request.user, str(request.POST.get("workspace", "")))
+            bundle = store_bundle(uploaded, request.user, workspace)
         except BundleError as error:
             return _refused(str(error))
         AuditEntry.record(
@@ -112,8 +125,7 @@ class BundleLimits(APIView):
         return Response({"max_bytes": limit, "max_unpacked_bytes": limit * UNPACKED_FACTOR})
 
 
-class BundleDetail(RetrieveAPIView[Bundle]):
-    queryset = Bundle.objects.all()
+class BundleDetail(VisibleBundles, RetrieveAPIView[Bundle]):
     serializer_class = BundleSerializer
 
 
@@ -151,9 +163,8 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="api"'
 
 
-class BundleArchive(RetrieveAPIView[Bundle]):
+class BundleArchive(VisibleBundles, RetrieveAPIView[Bundle]):
     authentication_classes = [NodeTokenAuthentication, TokenAuthentication, SessionAuthentication]
-    queryset = Bundle.objects.all()
     serializer_class = BundleSerializer
     lookup_field = "sha256"
 

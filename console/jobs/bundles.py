@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from console.jobs.models import Bundle
+from console.teams.models import Workspace, default_workspace_id
 from workers.bundles import BundleError, check_archive
 
 __all__ = ["BundleError", "bundle_path", "store_bundle"]
@@ -29,7 +30,7 @@ def _limit_text(limit: int) -> str:
     return f"{limit / (1024 * 1024):.0f} MB" if limit >= 1024 * 1024 else f"{limit} bytes"
 
 
-def store_bundle(uploaded_file: Any, owner: Any) -> Bundle:
+def store_bundle(uploaded_file: Any, owner: Any, workspace: Workspace | None = None) -> Bundle:
     """Stores ``uploaded_file`` (a Django UploadedFile) once per content; returns its Bundle.
 
     Raises BundleError (message for the uploader) when the file is too large or not an
@@ -66,6 +67,8 @@ def store_bundle(uploaded_file: Any, owner: Any) -> Bundle:
         bundle = _record(sha, size, Path(getattr(uploaded_file, "name", "") or "").name[:255], owner)
     finally:
         temporary.unlink(missing_ok=True)
+    # Stored once, but each workspace that uploads it may see and run it.
+    bundle.workspaces.add(workspace if workspace is not None else default_workspace_id())
     return bundle
 
 

@@ -45,6 +45,7 @@ def change_membership(
     how: str = "",
     target: int | None = None,
     for_job: str = "",
+    reclaimed_by: str = "",
     snap: Snapshot | None = None,
 ) -> Plan | None: ...
 
@@ -57,6 +58,7 @@ def change_membership(
     how: str = "",
     target: int | None = None,
     for_job: str = "",
+    reclaimed_by: str = "",
     workers: int | None = None,
     lost: int | None = None,
     snap: Snapshot | None = None,
@@ -68,6 +70,8 @@ def change_membership(
     event); ``target`` the node count a preemption shrinks to, for the higher-priority ``for_job``.
     ``workers``: a parameter-server job's worker count, changed in its current round (None when
     its nodes have no room); ``lost``, the failed worker that broke a hybrid group (FAILURE).
+    ``reclaimed_by``: the workspace taking its quota back with this preemption (``target`` 0:
+    the job is stopped gracefully, so its script checkpoints, and requeued).
     ``snap``: the job's snapshot when the caller (the scheduler's pass) has read it already.
     """
     snap = snap if snap is not None else snapshot(job)
@@ -88,11 +92,13 @@ def change_membership(
     if plan is None:
         return None
     plan = wire(snap, plan)
-    apply_plan(job, plan, _note(snap, plan, leaving, how, for_job))
+    apply_plan(job, plan, _note(snap, plan, leaving, how, for_job, reclaimed_by))
     return plan
 
 
-def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str) -> Note | None:
+def _note(
+    snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: str, reclaimed_by: str = ""
+) -> Note | None:
     """The event that tells operators why the membership changed, if the round's own does not."""
     job = snap.job
     if plan.reason is RoundReason.NODE_LOSS and leaving is not None:
@@ -105,6 +111,18 @@ def _note(snap: Snapshot, plan: Plan, leaving: Node | None, how: str, for_job: s
     if plan.reason is RoundReason.FAILURE and plan.requeue:
         message = f"Rank failure and only {len(snap.survivors())} node(s) available; waiting for capacity"
         return Note("job.pending", message, Severity.WARNING)
+    if plan.reason is RoundReason.PREEMPTION and reclaimed_by:
+        if plan.requeue:
+            message = (
+                f"Preempted: workspace {reclaimed_by} reclaims its quota for job {for_job}; "
+                "stopped gracefully to checkpoint, back in the queue"
+            )
+            return Note("job.preempted", message, Severity.WARNING, data={"workspace": reclaimed_by})
+        message = (
+            f"Shrinking to {len(plan.placements)} node(s): workspace {reclaimed_by} reclaims its "
+            f"quota for job {for_job}"
+        )
+        return Note("job.shrunk", message, Severity.WARNING, data={"workspace": reclaimed_by})
     if plan.reason is RoundReason.PREEMPTION:
         message = (
             f"Shrinking to {len(plan.placements)} node(s) to make room for higher-priority job {for_job}"

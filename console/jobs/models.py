@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.cluster.models import Node
 from console.core.states import AllocationState, JobState, RoundOutcome, RoundPhase, RoundReason
+from console.teams.models import NodePool, Workspace, default_workspace_id
 from workers.protocol import InplaceStatus
 
 __all__ = [
@@ -51,6 +52,8 @@ class Bundle(models.Model):
     filename = models.CharField(max_length=255, blank=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Stored once per content hash: each workspace that uploaded it may see and use it.
+    workspaces = models.ManyToManyField(Workspace, related_name="bundles", blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -64,6 +67,15 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="jobs"
     )
+    # Who may see and change it (console/teams/access.py), whose quota it uses.
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.PROTECT, related_name="jobs", default=default_workspace_id
+    )
+    # Where it may run: a pool's nodes (its quotas count the job), and labels every node must have.
+    pool = models.ForeignKey(NodePool, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    node_selector = models.JSONField(default=dict, blank=True, help_text="Labels a node must have")
+    # Why it waits, as the scheduler last said (over quota, pool full, behind whom); "" otherwise.
+    wait_reason = models.CharField(max_length=255, blank=True)
     # What to run: a built-in workload, or an entrypoint from a bundle or a host path.
     workload = models.CharField(max_length=64, blank=True)
     entrypoint = models.CharField(max_length=1024, blank=True)
@@ -114,6 +126,7 @@ class Job(models.Model):
             # LIKE 'prefix%' can use a btree only with the pattern operator class (PostgreSQL).
             models.Index(fields=["name"], name="job_name_prefix", opclasses=["varchar_pattern_ops"]),
             models.Index(fields=["priority", "created_at", "id"], name="job_by_priority"),
+            models.Index(fields=["workspace", "state"], name="job_by_workspace_state"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(min_nodes__gte=1), name="job_min_nodes_positive"),
@@ -136,7 +149,11 @@ class Job(models.Model):
     @classmethod
     def lock(cls, job_id: int) -> Job:
         """The job's row, locked for the rest of the transaction (the controller's decisions)."""
-        return cls.objects.select_for_update(of=("self",)).select_related("bundle").get(pk=job_id)
+        return (
+            cls.objects.select_for_update(of=("self",))
+            .select_related("bundle", "pool", "workspace")
+            .get(pk=job_id)
+        )
 
     @property
     def job_state(self) -> JobState:
@@ -361,6 +378,7 @@ def job_summary(job: Job) -> dict[str, Any]:
     return {
         "id": job.pk,
         "name": job.name,
+        "workspace": job.workspace_id,
         "state": job.state,
         "round": job.round_number,
         "restarts": job.restarts,

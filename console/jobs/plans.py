@@ -18,7 +18,8 @@ from console.core.states import RoundReason
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node as planning sees it, with the capacity the other jobs' live rounds leave free."""
+    """A node as planning sees it, with the capacity the other jobs' live rounds leave free, and
+    its labels (a job's selector must be among them)."""
 
     id: int
     name: str
@@ -29,6 +30,7 @@ class NodeView:
     # Ports a listener here held or was handed lately (rounds' stores, PS, coordinators): a new
     # round's listeners take others (a store left half-closed made gloo refuse the next one).
     recent_ports: frozenset[int] = frozenset()
+    labels: frozenset[tuple[str, str]] = frozenset()  # what an admin set on it (GPU model, zone ...)
 
     def give(self, slots: int, gpus: tuple[int, ...]) -> NodeView:
         """With ``slots`` and ``gpus`` free again (a job that held them let them go)."""
@@ -148,6 +150,8 @@ class JobView:
     # member's allocation is live (a host whose part has ended starts nothing more).
     processes: tuple[tuple[Process, ...], ...] = ()
     member_live: tuple[bool, ...] = ()
+    # Labels every node of it must have: its pool's selector and its own node selector.
+    selector: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def elastic(self) -> bool:
@@ -170,11 +174,17 @@ class JobView:
     def gpus_per_node(self) -> int:
         return self.nproc_per_node * self.gpus_per_proc
 
+    @property
+    def units_per_node(self) -> int:
+        """What quotas count of one node's share: its GPUs, or its CPU slots for a CPU job."""
+        return self.gpus_per_node if self.gpus_per_proc else self.slots_per_node
+
     def needs(self) -> str:
         """What a node must have free for one node's share of the job, in words."""
+        where = "".join(f", {k}={v}" for k, v in sorted(self.selector))
         if self.gpus_per_proc:
-            return f"{self.gpus_per_node} free GPU(s)"
-        return f"{self.slots_per_node} free slot(s)"
+            return f"{self.gpus_per_node} free GPU(s){where}"
+        return f"{self.slots_per_node} free slot(s){where}"
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ class Snapshot:
 
     def fits(self, node: NodeView) -> bool:
         """``node`` takes work and has room for one node's share of the job."""
-        if not node.takes_work:
+        if not node.takes_work or not self.job.selector <= node.labels:
             return False
         if self.job.gpus_per_proc:
             return len(node.free_gpus) >= self.job.gpus_per_node

@@ -88,6 +88,7 @@ class JobFilter(django_filters.FilterSet):
         help_text=f"One state or several, comma-separated: {', '.join(JobState.values)}",
     )
     owner = django_filters.CharFilter(field_name="owner__username", help_text="The submitter's username")
+    workspace = django_filters.CharFilter(field_name="workspace__name", help_text="The workspace's name")
     name = django_filters.CharFilter(
         field_name="name",
         lookup_expr="pattern_prefix",

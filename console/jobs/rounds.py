@@ -18,7 +18,7 @@ again).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
@@ -48,6 +48,7 @@ class Note:
     message: str
     severity: str = Severity.INFO
     node: Node | None = None
+    data: dict[str, Any] = field(default_factory=dict)  # the event's data (e.g. who reclaimed)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def apply_plan(job: Job, plan: Plan, note: Note | None = None) -> Round | None:
     job.save(update_fields=["state", "round_number", "started_at", "restarts"])
     # 2. emit
     if note is not None:
-        events.emit(note.kind, note.message, job=job, node=note.node, severity=note.severity)
+        events.emit(note.kind, note.message, job=job, node=note.node, severity=note.severity, **note.data)
     if rnd is not None:
         _round_event(job, rnd, plan, [nodes[p.node_id].name for p in plan.placements])
     events.job_changed(job)

@@ -9,7 +9,9 @@ of a job: what it changes later in the same tick is carried forward without read
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
@@ -77,7 +79,18 @@ def job_view(job: Job, rnd: Round | None = None) -> JobView:
         inplace=job.inplace and not parameter_server,
         processes=tuple(processes_of(a) for a in allocs) if parameter_server else (),
         member_live=tuple(a.is_live for a in allocs),
+        selector=selector_of(job),
     )
+
+
+def labels(values: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
+    return frozenset((str(k), str(v)) for k, v in values.items())
+
+
+def selector_of(job: Job) -> frozenset[tuple[str, str]]:
+    """The labels every node of ``job`` must have: its pool's selector and its own."""
+    pool = job.pool.selector if job.pool_id and job.pool is not None else {}
+    return labels({**pool, **(job.node_selector or {})})
 
 
 def failed_ranks(rnd: Round | None, allocs: list[Allocation]) -> tuple[int, ...]:
@@ -125,6 +138,7 @@ def node_views(exclude_job: Job | None = None) -> dict[int, NodeView]:
             free_gpus=tuple(g for g in gpus[n.pk] if g not in used_gpus.get(n.pk, set())),
             address=n.address or "127.0.0.1",  # never the host name: it may resolve to loopback
             recent_ports=frozenset(ports.get(n.pk, ())),
+            labels=labels(n.labels or {}),
         )
         for n in nodes
     }

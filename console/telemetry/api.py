@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from console.jobs import parameter_server
 from console.jobs.models import Checkpoint, Job
+from console.teams import access
 from console.telemetry.anomalies import STEP_TIME_NAMES, STRAGGLER_FACTOR, THROUGHPUT_NAMES
 from console.telemetry.downsample import (
     DEFAULT_QUERY_POINTS,
@@ -35,8 +36,9 @@ MAX_LOG_LIMIT = 5000
 MAX_SERIES_PER_QUERY = 50
 
 
-def get_job(job_id: int) -> Job:
-    job = Job.objects.filter(pk=job_id).first()
+def get_job(user: Any, job_id: int) -> Job:
+    """The job, if ``user`` may see its workspace; otherwise as if it did not exist (404)."""
+    job = access.visible(user, Job.objects.all()).filter(pk=job_id).first()
     if job is None:
         raise NotFound(f"Job {job_id} does not exist.")
     return job
@@ -96,7 +98,7 @@ class MetricsView(APIView):
 
     @extend_schema(parameters=[JOB_ID, MetricsQuery], responses={200: MetricsSerializer})
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         params = validated(MetricsQuery, request)
         names = (
             [n for n in params["name"].split(",") if n][:MAX_SERIES_PER_QUERY]
@@ -144,7 +146,7 @@ class RanksView(APIView):
 
     @extend_schema(parameters=[JOB_ID, RanksQuery], responses={200: RanksSerializer})
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         params = validated(RanksQuery, request)
         round_number = params.get("round") or job.round_number
         sql = """
@@ -245,7 +247,7 @@ class RoleStatsView(APIView):
 
     @extend_schema(parameters=[JOB_ID, RoleStatsQuery], responses={200: RoleStatsSerializer})
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         if not job.is_parameter_server:
             raise ValidationError({"job": ["is not a parameter_server job: it has no roles."]})
         params = validated(RoleStatsQuery, request)
@@ -291,7 +293,7 @@ class EventsView(ListAPIView[Event]):
     def get_queryset(self) -> QuerySet[Event]:
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return Event.objects.none()
-        job = get_job(self.kwargs["job_id"])
+        job = get_job(self.request.user, self.kwargs["job_id"])
         params = validated(EventsQuery, self.request)
         return Event.objects.filter(job=job, pk__gt=params["after"]).select_related("node")
 
@@ -361,7 +363,7 @@ class LogsView(APIView):
 
     @extend_schema(parameters=[JOB_ID, LogsQuery], responses={200: LogsSerializer})
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         params = validated(LogsQuery, request)
         lines = log_lines(job, params)
         limit = params["limit"]
@@ -400,4 +402,4 @@ class CheckpointsView(ListAPIView[Checkpoint]):
     def get_queryset(self) -> QuerySet[Checkpoint]:
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return Checkpoint.objects.none()
-        return Checkpoint.objects.filter(job=get_job(self.kwargs["job_id"]))
+        return Checkpoint.objects.filter(job=get_job(self.request.user, self.kwargs["job_id"]))

@@ -23,6 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from console.core.roles import can_view
 from console.jobs.models import Job, job_summary
+from console.teams import access
 from console.telemetry.downsample import finite_or_none, thin_points
 from console.telemetry.events import CLUSTER_GROUP, event_payload, job_group
 from console.telemetry.fanout import Viewer, get_hub
@@ -137,7 +138,7 @@ class JobConsumer(TelemetryConsumer):
         self.seq_floor = 0
         job = None
         if self.job_id <= MAX_JOB_ID:
-            job = await database_sync_to_async(Job.objects.filter(pk=self.job_id).first)()
+            job = await database_sync_to_async(visible_job)(self.scope.get("user"), self.job_id)
         if job is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return False
@@ -227,15 +228,41 @@ class JobConsumer(TelemetryConsumer):
         await self.send(text_data=message["log"])
 
 
+def visible_job(user: Any, job_id: int) -> Job | None:
+    """The job if ``user`` may see its workspace (None: as if it did not exist)."""
+    return access.visible(user, Job.objects.all()).filter(pk=job_id).first()
+
+
 class ClusterConsumer(TelemetryConsumer):
+    """Nodes for everyone signed in; jobs' states and events only of the workspaces the viewer
+    sees (as of connecting), so another workspace's job names and events never reach it."""
+
     groups_to_join = [CLUSTER_GROUP]
+
+    async def authorize(self) -> bool:
+        user = self.scope.get("user")
+        self.sees_all = access.is_site_admin(user)
+        self.workspaces = set(await database_sync_to_async(access.roles)(user))
+        self.seen_jobs: dict[int, bool] = {}
+        return True
+
+    async def _may_see(self, job_id: int | None) -> bool:
+        if job_id is None or self.sees_all:
+            return True
+        if job_id not in self.seen_jobs:
+            query = Job.objects.filter(pk=job_id, workspace_id__in=self.workspaces).exists
+            self.seen_jobs[job_id] = await database_sync_to_async(query)()
+        return self.seen_jobs[job_id]
 
     async def cluster_node(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "node", "node": message["node"]})
 
     async def cluster_job(self, message: dict[str, Any]) -> None:
-        await self.send_json({"type": "job", "job": message["job"]})
+        job = message["job"]
+        if self.sees_all or job.get("workspace") in self.workspaces:
+            await self.send_json({"type": "job", "job": job})
 
     async def cluster_event(self, message: dict[str, Any]) -> None:
         payload = message["event"]
-        await self.send_json({"type": "event", "seq": payload["seq"], "event": payload})
+        if await self._may_see(payload.get("job")):
+            await self.send_json({"type": "event", "seq": payload["seq"], "event": payload})

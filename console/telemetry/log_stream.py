@@ -108,7 +108,7 @@ class LogStreamView(APIView):
         },
     )
     def get(self, request: Request, job_id: int) -> StreamingHttpResponse:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         params = validated(LogStreamQuery, request)
         after = params.get("after")
         if after is None:

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.jobs.models import Job, Round
+from console.teams import access
 from console.telemetry.downsample import MAX_QUERY_POINTS, query_series
 
 ROLES = ("ps", "worker", "coordinator")
@@ -93,7 +94,7 @@ class RoleSeriesView(APIView):
 
     @extend_schema(parameters=[RoleSeriesQuery], responses={200: RoleSeriesSerializer})
     def get(self, request: Request, job_id: int) -> Response:
-        job = Job.objects.filter(pk=job_id).first()
+        job = access.visible(request.user, Job.objects.all()).filter(pk=job_id).first()
         if job is None:
             raise NotFound(f"Job {job_id} does not exist.")
         if not job.is_parameter_server:

@@ -20,6 +20,7 @@ from console.jobs.planning import Snapshot
 from console.jobs.queries import attach_current_rounds
 from console.jobs.scheduler import PENDING_ORDER
 from console.jobs.snapshot import job_view, node_views
+from console.teams import access
 from console.telemetry.models import Event
 
 QUEUE_SHOWN = 50
@@ -33,13 +34,14 @@ class QueueEntry:
     why: str
 
 
-def pending_queue() -> list[QueueEntry]:
-    """Pending jobs in placement order, each with the reason it is not running yet."""
-    jobs = list(
-        Job.objects.filter(state=JobState.PENDING)
-        .select_related("owner")
-        .order_by(*PENDING_ORDER)[:QUEUE_SHOWN]
-    )
+def pending_queue(user: Any = None) -> list[QueueEntry]:
+    """Pending jobs in placement order (of the workspaces ``user`` sees; None: all), each with
+    the reason it is not running yet: the scheduler's own (over quota, pool full, behind whom)
+    when it gave one, else read from the free capacity."""
+    queued = Job.objects.filter(state=JobState.PENDING).select_related("owner", "workspace", "pool")
+    if user is not None:
+        queued = access.visible(user, queued)
+    jobs = list(queued.order_by(*PENDING_ORDER)[:QUEUE_SHOWN])
     if not jobs:
         return []
     nodes = node_views()
@@ -65,6 +67,8 @@ def pending_queue() -> list[QueueEntry]:
             why = f"Fits, but waits behind #{blocked_by.pk} {blocked_by.name} (first in, first out within a priority)."
         else:
             why = f"Fits on {fitting} node(s); the scheduler places it on its next pass."
+        if job.wait_reason:
+            why = job.wait_reason + "."
         if job.pk in last_pending:
             why += f" Last note: {last_pending[job.pk]}"
         entries.append(QueueEntry(job, position, why))

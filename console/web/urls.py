@@ -2,6 +2,7 @@ from django.urls import path
 
 from console.web import views
 from console.web.alerts_page import alerts_page
+from console.web.quotas import quotas_page
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -12,6 +13,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/live/", views.job_live, name="job_live"),
     path("nodes/", views.node_list, name="node_list"),
     path("alerts/", alerts_page, name="alerts_page"),
+    path("quotas/", quotas_page, name="quotas"),
     path("nodes/<slug:name>/", views.node_detail, name="node_detail"),
     # A page (it sends anonymous users to the login form), so not under /api/, where every
     # endpoint answers machines with 401/403.

@@ -22,11 +22,14 @@ from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strat
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
 from console.telemetry import goodput_data
+from console.teams import access
+from console.teams.models import Role, Workspace
 from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
 from console.web.job_page import page_config
 from console.web.nodes import node_context, pending_queue
+from console.web.quotas import quota_rows
 from console.web.trackers import tracker_links
 
 JOBS_PER_PAGE = 25
@@ -45,19 +48,24 @@ def _with_world_size(jobs: QuerySet[Job]) -> QuerySet[Job]:
     return jobs.annotate(world_size=Subquery(current_world[:1]))
 
 
-def _recent_jobs() -> list[Job]:
-    return list(
-        _with_world_size(Job.objects.select_related("owner")).order_by("-created_at", "-id")[:JOBS_PER_PAGE]
-    )
+def _recent_jobs(user: Any) -> list[Job]:
+    jobs = access.visible(user, Job.objects.select_related("owner", "workspace"))
+    return list(_with_world_size(jobs).order_by("-created_at", "-id")[:JOBS_PER_PAGE])
 
 
 def _nodes() -> QuerySet[Node]:
     return Node.objects.prefetch_related("gpus").order_by("name")
 
 
-def cluster_summary() -> dict[str, Any]:
+def cluster_summary(user: Any) -> dict[str, Any]:
+    """Nodes and GPUs of the whole cluster; jobs of the workspaces ``user`` sees."""
     node_counts = dict(Node.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-    job_counts = dict(Job.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    job_counts = dict(
+        access.visible(user, Job.objects.all())
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
     gpu_models = Counter(Gpu.objects.values_list("name", flat=True))
     return {
         "nodes_by_state": [(s.value, node_counts.get(s.value, 0)) for s in NodeState],
@@ -95,11 +103,12 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         request,
         "web/dashboard.html",
         {
-            "summary": cluster_summary(),
+            "summary": cluster_summary(request.user),
             "goodput": cluster_goodput(),
-            "jobs": _recent_jobs(),
+            "jobs": _recent_jobs(request.user),
             "nodes": _nodes(),
-            "queue": pending_queue(),
+            "queue": pending_queue(request.user),
+            "quotas": quota_rows(request.user),
             "node_actions": is_operator(request.user),
             "nav": "dashboard",
         },
@@ -136,7 +145,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     """Jobs filtered by state, owner and name prefix, in any sort order of the API, a page at a
     time by cursor (console/api/pagination.py): the same queries whatever the page or list size."""
     params = {key: request.GET.get(key, "").strip() for key in JOB_LIST_PARAMS}
-    found = filter_jobs(params, _with_world_size(Job.objects.all()))
+    found = filter_jobs(params, _with_world_size(access.visible(request.user, Job.objects.all())))
     errors: dict[str, list[str]] = {}
     jobs: list[Job] = []
     has_next = has_previous = False
@@ -196,7 +205,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         "web/nodes.html",
         {
             "nodes": _nodes(),
-            "summary": cluster_summary(),
+            "summary": cluster_summary(request.user),
             "node_actions": is_operator(request.user),
             "nav": "nodes",
         },
@@ -205,7 +214,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(Job.objects.select_related("owner", "bundle"), pk=job_id)
+    job = get_object_or_404(
+        access.visible(request.user, Job.objects.select_related("owner", "bundle", "workspace")), pk=job_id
+    )
     rounds = list(
         Round.objects.filter(job=job)
         .order_by("-number")
@@ -228,7 +239,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "rank_choices": range(widest),
             "role_rows": role_rows(job, current) if job.is_parameter_server else [],
             "launch_failure": launch_failure(job, rounds),
-            "can_operate": is_operator(request.user),
+            "can_operate": access.may(request.user, job.workspace_id, Role.EDITOR),
             "terminal": job.job_state.is_terminal,
             "trackers": tracker_links(job),
             "nav": "jobs",
@@ -282,14 +293,17 @@ def api_docs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_submit(request: HttpRequest) -> HttpResponse:
-    if not is_operator(request.user):
-        raise PermissionDenied("Submitting jobs needs the operator role.")
+    if not access.acts_anywhere(request.user):
+        raise PermissionDenied("Submitting jobs needs the editor role in a workspace.")
     return render(
         request,
         "web/job_submit.html",
         {
             "catalog": workload_catalog(),
-            "bundles": Bundle.objects.select_related("owner").order_by("-created_at")[:RECENT_BUNDLES],
+            "bundles": access.visible(request.user, Bundle.objects.select_related("owner"), "workspaces")
+            .distinct()
+            .order_by("-created_at")[:RECENT_BUNDLES],
+            "workspaces": Workspace.objects.filter(pk__in=access.editable_workspaces(request.user)),
             "precisions": Precision.values,
             "strategies": Strategy.values,
             "nav": "submit",
@@ -301,7 +315,7 @@ def job_submit(request: HttpRequest) -> HttpResponse:
 def job_live(request: HttpRequest, job_id: int) -> JsonResponse:
     """What the job page polls when its websocket is unavailable: state, events after ``after``,
     log lines after ``log_after`` (metrics it fetches by range from the metrics API)."""
-    job = get_object_or_404(Job, pk=job_id)
+    job = get_object_or_404(access.visible(request.user, Job.objects.all()), pk=job_id)
     after = _int_param(request, "after")
     log_after = _int_param(request, "log_after")
     events = Event.objects.filter(job=job, id__gt=after).select_related("node").order_by("id")[:EVENTS_SHOWN]
@@ -328,11 +342,13 @@ def _int_param(request: HttpRequest, name: str) -> int:
 @login_required
 def cluster_live(request: HttpRequest) -> JsonResponse:
     """What the dashboard polls when its websocket is unavailable."""
-    jobs = Job.objects.filter(state__in=[s.value for s in JobState if not s.is_terminal])[:200]
+    jobs = access.visible(
+        request.user, Job.objects.filter(state__in=[s.value for s in JobState if not s.is_terminal])
+    )[:200]
     return JsonResponse(
         {
             "nodes": [node_payload(n) for n in _nodes()],
             "jobs": [job_summary(j) for j in jobs],
-            "summary": cluster_summary(),
+            "summary": cluster_summary(request.user),
         }
     )

@@ -22,6 +22,7 @@ from workers.cli.output import JOB_HEADER, job_rows, out, print_json, table
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="e.g. RUNNING or PENDING,RUNNING")] = None,
     owner: Annotated[str | None, typer.Option(help="Submitted by this username.")] = None,
+    workspace: Annotated[str | None, typer.Option(help="Of this workspace.")] = None,
     name: Annotated[str | None, typer.Option(help="Names starting with this.")] = None,
     created_after: Annotated[str | None, typer.Option(help="Submitted at or after (ISO 8601).")] = None,
     created_before: Annotated[str | None, typer.Option(help="Submitted before (ISO 8601).")] = None,
@@ -39,6 +40,7 @@ def list_jobs(
         limit,
         state=state,
         owner=owner,
+        workspace=workspace,
         name=name,
         created_after=created_after,
         created_before=created_before,
@@ -125,3 +127,29 @@ def restart(job: JobId, json_flag: JsonOption = False, output: OutputOption = No
 def stop(job: JobId, json_flag: JsonOption = False, output: OutputOption = None) -> None:
     """Stop a job."""
     job_action(f"jobs/{job}/stop/", None, wants_json(json_flag, output))
+
+
+QUOTA_HEADER = ["POOL", "WORKSPACE", "WEIGHT", "USED", "QUOTA", "BORROWED", "MAY BORROW", "PENDING"]
+
+
+@app.command()
+def quota(json_flag: JsonOption = False, output: OutputOption = None) -> None:
+    """Each pool's workspaces: use, nominal quota, borrowing and pending jobs."""
+    rows = console().get("quotas/")
+    if wants_json(json_flag, output):
+        print_json(rows)
+        return
+    cells = [
+        [
+            f"{r['pool']} ({r['capacity']} {r['unit']})",
+            r["workspace"] + (" *" if r.get("mine") else ""),
+            r["weight"],
+            r["used"],
+            r["nominal"],
+            r["borrowed"],
+            "any idle" if r["borrowing_limit"] is None else r["borrowing_limit"],
+            r["pending"],
+        ]
+        for r in rows
+    ]
+    out.print(table(cells, QUOTA_HEADER) if cells else "No node pool has quotas.", highlight=False)

@@ -1,0 +1,1 @@
+"""Workspaces (teams), their members and roles, node pools, quotas and fair share."""
