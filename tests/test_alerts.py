@@ -245,3 +245,17 @@ def test_the_api_keeps_each_users_subscriptions_apart(
     page = client.get("/alerts/")
     assert page.status_code == 200 and b"mine" in page.content and b"theirs" not in page.content
     assert Rule.objects.filter(owner=viewer).count() == 1 and AlertState.SENT == "sent"
+
+
+def test_an_all_jobs_rule_hears_nothing_of_another_workspace(
+    receiver: Receiver, operator: User, viewer: User
+) -> None:
+    """Attack: a user's "all jobs" rule must not leak events of a workspace they are no member of
+    (failed on the code before it checked the rule owner's workspaces)."""
+    from console.teams.models import Workspace
+
+    subscribe(operator, receiver.url, ["job.*"], scope="all")
+    closed = Workspace.objects.create(name="closed")
+    event(Job.objects.create(name="hidden", workload="mlp", owner=viewer, workspace=closed))
+    seen = event(Job.objects.create(name="open", workload="mlp", owner=viewer), "job.hang")
+    assert [a.event_id for a in fire.scan()] == [seen.pk]

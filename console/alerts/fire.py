@@ -27,6 +27,8 @@ from django.utils import timezone
 from console.alerts.models import Alert, AlertState, Delivery, Rule, RuleKind, Scope
 from console.core.states import JobState
 from console.jobs.models import Job
+from console.teams import access
+from console.teams.models import Role
 from console.telemetry import goodput, goodput_data
 from console.telemetry.events import event_payload
 from console.telemetry.models import Event, MetricRollup
@@ -55,12 +57,16 @@ def _kind_matches(patterns: Iterable[str], kind: str) -> bool:
 
 
 def in_scope(rule: Rule, job: Job | None) -> bool:
-    """A rule about one job sees that job; "mine" the owner's jobs; node news reaches every rule."""
-    if rule.job_id is not None:
-        return job is not None and job.pk == rule.job_id
-    if job is None or rule.scope == Scope.ALL:
-        return True
-    return job.owner_id == rule.owner_id
+    """A rule about one job sees that job; "mine" the owner's jobs; "all" every job its owner may
+    see (their workspaces'; a site admin's: all); node news reaches every rule."""
+    if job is None:
+        return rule.job_id is None
+    if rule.job_id is not None and job.pk != rule.job_id:
+        return False
+    if rule.job_id is None and rule.scope != Scope.ALL and job.owner_id != rule.owner_id:
+        return False
+    # Never news of a job its owner may not see (another workspace's, or one they left).
+    return access.may(rule.owner, job.workspace_id, Role.VIEWER)
 
 
 def event_matches(rules: list[Rule], events: Iterable[Event]) -> list[Match]:
