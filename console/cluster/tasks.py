@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import shared_task
 
-from console.cluster import registry
+from console.cluster import network, registry
 from console.cluster.tokens import agent_authorised
 from console.core.retry import ControllerTask
 from workers import protocol
@@ -40,3 +40,9 @@ def heartbeat(
 def node_offline(*, token: str, node: str, session: str, **_: Any) -> None:
     if agent_authorised(token, node):
         registry.node_offline(node, session)
+
+
+@shared_task(name=protocol.CONTROL_PREFLIGHT, base=ControllerTask, ignore_result=True)
+def preflight(*, token: str, node: str, check_id: int, result: protocol.PreflightResult, **_: Any) -> None:
+    if agent_authorised(token, node):
+        network.record_result(node, int(check_id), result)

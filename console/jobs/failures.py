@@ -21,11 +21,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.cluster.watch import suspect
 from console.core import events
 from console.core.decision import decision
 from console.core.events import Severity
 from console.core.states import AllocationState, JobState, NodeState, RoundPhase, RoundReason
-from console.core.transport import send_on_commit
 from console.jobs.inplace import fall_back
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
@@ -66,9 +66,9 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
     }
     rnd.failure = cause
     rnd.save(update_fields=["failure", *rnd.set_state(RoundPhase.SETTLING, at=now)])
-    for node in unproven(rnd):
-        # Its next heartbeat is the proof of life the settlement waits for: ask for it now.
-        send_on_commit(protocol.AGENT_HEARTBEAT_NOW, node.queue)
+    # Its next heartbeat is the proof of life the settlement waits for: ask for it now, and a
+    # host that does not answer within PING_DEADLINE is declared lost (it may be the cause).
+    suspect(unproven(rnd))
     events.emit(
         "rank.failed",
         f"Rank {cause['rank']} on {cause['node']} failed with {describe(cause)}",

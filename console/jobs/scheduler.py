@@ -7,13 +7,14 @@ later jobs wait behind it. Once the queue is empty, elastic jobs grow toward the
 
 from __future__ import annotations
 
-from console.cluster.watch import detect_lost_nodes
+from console.cluster import network
+from console.cluster.watch import detect_lost_nodes, detect_silent_suspects
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs.failures import settle_failed_rounds
 from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
-from console.jobs.models import Job
+from console.jobs.models import Allocation, Job
 from console.jobs.node_changes import progress_drains
 from console.jobs.planning import Snapshot, needs_growth, preemption_victims
 from console.jobs.progress import settle_finished
@@ -28,7 +29,9 @@ def tick() -> None:
     drains, pending jobs, growth; the progress of jobs that just ended (their last telemetry
     arrives after they did)."""
     detect_lost_nodes()
+    detect_silent_suspects()
     settle_failed_rounds()
+    network.expire_checks()
     check_forming_rounds()
     progress_drains()
     schedule()
@@ -50,6 +53,11 @@ def schedule() -> None:
                     break  # FIFO within a priority: later jobs wait behind this one
             reason = RoundReason.RESUME if job.round_number else RoundReason.START
             change_membership(job, reason, snap=snap)
+            if reason is RoundReason.START and job.round_number:
+                # A pair of its nodes never checked together is checked now (pairs that fail
+                # keep its later rounds, and other jobs, off them).
+                placed = Allocation.objects.filter(round__job=job, round__number=job.round_number)
+                network.check_unchecked(list(placed.values_list("node_id", flat=True)))
         _grow_elastic_jobs()
 
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/live/", views.job_live, name="job_live"),
     path("nodes/", views.node_list, name="node_list"),
+    path("network/", views.network_view, name="network_view"),
     path("nodes/<slug:name>/", views.node_detail, name="node_detail"),
     # A page (it sends anonymous users to the login form), so not under /api/, where every
     # endpoint answers machines with 401/403.

@@ -24,7 +24,7 @@ from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
 from console.web.job_page import page_config
-from console.web.nodes import node_context, pending_queue
+from console.web.nodes import network_context, node_context, pending_queue
 from console.web.trackers import tracker_links
 
 JOBS_PER_PAGE = 25
@@ -236,6 +236,15 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
         request,
         "web/node_detail.html",
         {**node_context(node), "node_actions": is_operator(request.user), "nav": "nodes"},
+    )
+
+
+@login_required
+def network_view(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "web/network.html",
+        {**network_context(), "node_actions": is_operator(request.user), "nav": "nodes"},
     )
 
 

@@ -12,6 +12,8 @@ round gracefully, send CONTROL_OFFLINE, flush telemetry.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import threading
 import uuid
@@ -22,21 +24,23 @@ from typing import Any
 from celery import Celery
 
 from workers import protocol
+from workers.agent import preflight
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
 from workers.agent.credential import CredentialError, resolve_credential
-from workers.agent.inventory import node_info, node_load
+from workers.agent.inventory import node_info, node_load, primary_address
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
 from workers.agent.warmpool import WarmPool
-from workers.protocol import RoundSpec
+from workers.protocol import PreflightRequest, RoundSpec
 
 logger = logging.getLogger("workers.agent")
 
 SHUTDOWN_MARGIN_SECONDS = 15.0
 CONTROL_FLUSH_SECONDS = 10.0
 EXIT_NO_CREDENTIAL = 3  # not restarted with hope: the operator must enrol the node
+EXIT_REFUSED = 4  # the console refused this agent's protocol: upgrade it
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -64,7 +68,12 @@ def make_celery_app(config: AgentConfig) -> Celery:
 
 
 def register_tasks(
-    app: Celery, supervisor: Supervisor, register: Callable[[], None], heartbeat_now: Callable[[], None]
+    app: Celery,
+    supervisor: Supervisor,
+    register: Callable[[], None],
+    heartbeat_now: Callable[[], None],
+    preflight: Callable[[PreflightRequest], None] = lambda request: None,
+    refused: Callable[[str], None] = lambda reason: None,
 ) -> None:
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
     def start_round(*, spec: RoundSpec, **_: Any) -> None:
@@ -87,6 +96,34 @@ def register_tasks(
     @app.task(name=protocol.AGENT_HEARTBEAT_NOW, ignore_result=True)
     def send_heartbeat_now(**_: Any) -> None:
         heartbeat_now()
+
+    @app.task(name=protocol.AGENT_PREFLIGHT, ignore_result=True)
+    def run_preflight(*, request: PreflightRequest, **_: Any) -> None:
+        preflight(request)
+
+    @app.task(name=protocol.AGENT_REFUSED, ignore_result=True)
+    def registration_refused(*, reason: str = "", **_: Any) -> None:
+        refused(reason)
+
+
+def preflight_runner(
+    control: ControlClient, address: str, console_url: str
+) -> Callable[[PreflightRequest], None]:
+    """Runs each check in a thread of its own (it waits on peers: the node queue must not) and
+    answers CONTROL_PREFLIGHT."""
+
+    def run(request: PreflightRequest) -> None:
+        def check() -> None:
+            try:
+                result = preflight.run_check(request, address, console_url)
+            except Exception:
+                logger.exception("pre-flight check %s failed", request.get("check_id"))
+                return
+            control.send(protocol.CONTROL_PREFLIGHT, check_id=int(request["check_id"]), result=result)
+
+        threading.Thread(target=check, name=f"preflight-{request.get('check_id')}", daemon=True).start()
+
+    return run
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -146,7 +183,16 @@ def run_agent(config: AgentConfig) -> int:
     def register() -> None:
         control.send(protocol.CONTROL_REGISTER, info=node_info(config.address, config.slots))
 
-    register_tasks(app, supervisor, register, heartbeat.poke)
+    refusal: list[str] = []
+
+    def refused(reason: str) -> None:
+        logger.error("the console refused this agent: %s", reason or "no reason given")
+        refusal.append(reason)
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, then the clean exit below
+
+    address = config.address or primary_address()
+    runner = preflight_runner(control, address, config.console_url)
+    register_tasks(app, supervisor, register, heartbeat.poke, runner, refused)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
@@ -188,4 +234,4 @@ def run_agent(config: AgentConfig) -> int:
         control.close(timeout=CONTROL_FLUSH_SECONDS)
         shipper.stop()
         reaper.close()
-    return 0
+    return EXIT_REFUSED if refusal else 0

@@ -10,9 +10,9 @@ from typing import Any
 
 import psutil
 
-from workers.protocol import GpuInfo, GpuLoad, NodeInfo, NodeLoad
+from workers.protocol import PROTOCOL_VERSION, GpuInfo, GpuLoad, NodeInfo, NodeLoad
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
 
 
 def primary_address() -> str:
@@ -94,6 +94,7 @@ def node_info(address: str, slots: int) -> NodeInfo:
         gpus=gpu_inventory(),
         torch_version=torch_version(),
         agent_version=AGENT_VERSION,
+        protocol=PROTOCOL_VERSION,
     )
 
 
