@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.test import Client
 from rest_framework.test import APIClient
 
 from console.cluster import network, registry
@@ -188,3 +189,26 @@ def test_an_agent_speaking_an_older_protocol_is_refused_with_a_clear_message(dec
     decide(registry.register_node, "old", "session-new", INFO)
     node = Node.objects.get(name="old")
     assert node.agent_protocol == protocol.PROTOCOL_VERSION and node.agent_version == "0.2.0"
+
+
+def test_the_network_and_node_pages_show_links_hosts_and_the_agent_version(
+    decide: Decide, admin_user: Any
+) -> None:
+    a, b = make_node("a"), make_node("b")
+    Node.objects.filter(pk=a.pk).update(agent_version="0.2.0", agent_protocol=protocol.PROTOCOL_VERSION)
+    check = network.request_check([a, b], NetworkCheck.Reason.OPERATOR)
+    answer(check, "a", failing={"b": "cannot connect to 10.0.0.2:21000: No route to host"})
+    answer(check, "b")
+    client = Client()
+    client.force_login(admin_user)
+
+    page = client.get("/network/").content.decode()
+    assert 'data-from="a" data-to="b" data-ok="false"' in page
+    assert 'data-from="b" data-to="a" data-ok="true"' in page
+    assert "No route to host" in page and "1 failed of 2" in page
+    assert 'data-host="a"' in page and 'id="check-network-button"' in page
+
+    node_page = client.get("/nodes/a/").content.decode()
+    assert "agent 0.2.0 (protocol 2)" in node_page
+    assert f'data-check-url="/api/v1/nodes/{a.pk}/check-network/"' in node_page
+    assert "No route to host" in node_page

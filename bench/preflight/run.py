@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -40,7 +41,8 @@ def call(url: str, token: str, method: str, path: str, body: Any = None) -> Any:
 
 
 def main(args: argparse.Namespace) -> None:
-    with harness.Bench("preflight", database="trainyard_preflight_bench", warm_pool=0) as bench:
+    env = {"TRAINYARD_NODE_TOKEN": secrets.token_urlsafe(32)}  # one machine: the shared node token
+    with harness.Bench("preflight", database="trainyard_preflight_bench", env=env, warm_pool=0) as bench:
         from django.contrib.auth.models import Group, User
 
         from console.api.models import ApiToken
