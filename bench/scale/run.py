@@ -263,7 +263,7 @@ def main(args: argparse.Namespace) -> None:
             sim.call(sim.register_all())
             wait(
                 lambda: Node.objects.filter(state="ONLINE").count() >= args.agents,
-                300,
+                900,
                 "every node ONLINE",
                 0.5,
             )
