@@ -42,6 +42,10 @@ REDIS_URL = redis_url("REDIS_URL", os.environ.get("REDIS_URL") or embedded.broke
 # agent). When set, it speaks for any node; "" (the default) accepts only nodes' own credentials,
 # which hosts get by enrolling with a join token (console/cluster/tokens.py).
 NODE_TOKEN = optional_secret("TRAINYARD_NODE_TOKEN")
+# The Ed25519 key that seals every command to an agent (workers/signing.py), made there on first
+# use. Every console process (web, controller) reads the same file; agents get its public half
+# at enrolment (`manage.py commandkey` prints it for an agent given it by config).
+COMMAND_KEY_FILE = Path(os.environ.get("TRAINYARD_COMMAND_KEY_FILE") or TRAINYARD_HOME / "command_key.pem")
 
 INSTALLED_APPS = [
     "daphne",
@@ -210,6 +214,15 @@ INPLACE_FORM_TIMEOUT = envfloat("TRAINYARD_INPLACE_FORM_TIMEOUT", 20.0)
 # RoundSpec's recover_in_place). The fallback round stays the bound on a recovery that stalls.
 INPLACE_RECOVERY = envbool("TRAINYARD_INPLACE_RECOVERY", True)
 
+# Restarts after failures (console/jobs/backoff.py): the first at once; each further failure of a
+# round that never got going (no step, and younger than RESET seconds) waits BASE seconds,
+# doubling up to MAX. LAUNCH_FAILURE_LIMIT launch failures in a row (ranks that never started or
+# never reached their peers; not charged against max_restarts) fail the job.
+RESTART_BACKOFF_BASE = envfloat("TRAINYARD_RESTART_BACKOFF_BASE", 2.0)
+RESTART_BACKOFF_MAX = envfloat("TRAINYARD_RESTART_BACKOFF_MAX", 120.0)
+RESTART_BACKOFF_RESET = envfloat("TRAINYARD_RESTART_BACKOFF_RESET", 60.0)
+LAUNCH_FAILURE_LIMIT = envint("TRAINYARD_LAUNCH_FAILURE_LIMIT", 8, minimum=1)
+
 # Telemetry retention: raw metric points older than METRIC_RETENTION_DAYS are deleted and only
 # their 100-step rollups (min/max/mean/count) stay; log lines older than LOG_RETENTION_DAYS are
 # deleted. 0 keeps forever. Applied by the task trainyard.telemetry.rollup.
@@ -229,7 +242,8 @@ LOGGING = {
     },
 }
 
-# The URL agents use to reach this console over HTTP (bundle downloads).
+# The URL agents that know no console URL of their own (no --console: bin/run's local agent) fetch
+# code bundles from; an enrolled agent uses the URL it enrolled with.
 TRAINYARD_PUBLIC_URL = os.environ.get("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000")
 
 CELERY_BEAT_SCHEDULE = {

@@ -28,6 +28,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not settings.NODE_TOKEN:
         settings.NODE_TOKEN = os.environ["TRAINYARD_NODE_TOKEN"] = secrets.token_urlsafe(32)
+    # Agents the suite starts verify commands with the console's key (workers/signing.py): the
+    # controllers it starts read the same key file (settings.COMMAND_KEY_FILE), and so does
+    # tests/support/agents.py's ControlQueue, which plays the controller.
+    from console.core.transport import command_signer
+
+    os.environ.setdefault("TRAINYARD_COMMAND_KEY_FILE", str(settings.COMMAND_KEY_FILE))
+    os.environ.setdefault("TRAINYARD_CONSOLE_KEY", command_signer().public_key)
 
 
 @pytest.fixture

@@ -138,6 +138,7 @@ def test_rounds_run_from_a_verified_cached_bundle(
     ended = control_queue.wait_for(protocol.CONTROL_ROUND_ENDED, 30, node=agent.name, job_id=93)
     assert ended.kwargs["outcome"] == "failed"
     assert "sha256 mismatch" in ended.kwargs["failures"][0]["error"]
+    assert ended.kwargs["failures"][0]["launch"] is True  # the console's launch failure, not a crash
     assert not (tmp_path / "bundle-run-93-0").exists()
     assert not (agent.data_dir / "bundles" / ("0" * 64)).exists()
 

@@ -88,7 +88,7 @@ def test_agent_lifecycle_on_the_wire(
     # Then it registers its inventory with token, name and a session
     info = register.kwargs["info"]
     session = register.kwargs["session"]
-    assert register.kwargs["token"] == agent_procs.token
+    assert "token" not in register.kwargs and str(agent_procs.token) not in str(register.kwargs)
     assert len(session) == 32
     assert info["address"] == "127.0.0.1"
     assert info["cpus"] >= 1 and info["slots"] == info["cpus"]

@@ -123,12 +123,18 @@ def test_agent_reserves_nvidia_gpus() -> None:
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
 
 
-def test_agent_gets_the_broker_and_token_it_needs() -> None:
+def test_agent_enrols_with_a_join_token_and_gets_the_broker_by_environment() -> None:
     svc = SERVICES["agent"]
     argv = argv_of(svc["command"])
     assert check_entry_point(argv) == "python -m workers.agent"
-    assert "--name" in argv and "--broker" in argv
-    assert "TRAINYARD_NODE_TOKEN" in svc["environment"]
+    assert "--name" in argv and "--console" in argv and "--broker" not in argv  # argv is public
+    assert "TRAINYARD_JOIN_TOKEN" in svc["environment"]
+    assert re.fullmatch(
+        r"redis://:\$\{TRAINYARD_REDIS_PASSWORD[^}]*\}@.+:6379/0", svc["environment"]["TRAINYARD_BROKER_URL"]
+    )
+    # No service holds the shared node token (it speaks for any node: bin/run's opt-in only)
+    assert "TRAINYARD_NODE_TOKEN" not in (REPO / "docker-compose.yml").read_text()
+    assert "jointoken" in get_commands()
 
 
 def test_volumes_are_named_and_declared() -> None:
@@ -154,14 +160,25 @@ def test_console_services_get_database_and_redis_urls() -> None:
     for name in ("migrate", "web", "controller", "ingest"):
         env = SERVICES[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:5432/" in env["DATABASE_URL"]
-        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert re.fullmatch(r"redis://:\$\{TRAINYARD_REDIS_PASSWORD[^}]*\}@redis:6379/0", env["REDIS_URL"])
 
 
 def test_redis_keeps_streams_and_queues_across_a_restart() -> None:
     # Telemetry in flight and broker messages survive a Redis restart only with an append-only
     # file on a volume (the embedded Redis of `bin/run` runs the same way: test_embedded_redis.py).
     svc = SERVICES["redis"]
-    argv = argv_of(svc["command"])
+    argv = next(c for c in commands_in(argv_of(svc["command"])) if "redis-server" in c)
     assert argv[argv.index("--appendonly") + 1] == "yes"
     assert argv[argv.index("--appendfsync") + 1] in ("everysec", "always")
     assert any(volume.split(":")[1] == "/data" for volume in svc["volumes"])
+
+
+def test_redis_has_a_password_that_is_on_no_command_line() -> None:
+    svc = SERVICES["redis"]
+    script = argv_of(svc["command"])[-1]
+    server = next(c for c in commands_in(argv_of(svc["command"])) if "redis-server" in c)
+    assert (
+        "requirepass" in script and "requirepass" not in server and "REDIS_PASSWORD" not in " ".join(server)
+    )
+    assert svc["environment"]["REDIS_PASSWORD"].startswith("${TRAINYARD_REDIS_PASSWORD")
+    assert "REDISCLI_AUTH" in svc["environment"]  # the healthcheck's redis-cli authenticates

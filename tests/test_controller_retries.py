@@ -19,6 +19,7 @@ from console.jobs import tasks as job_tasks
 from console.jobs.models import Allocation
 from tests.support.controller import database_url
 from tests.support.decisions import failing_exit, make_job, make_node
+from tests.support.reports import sealed
 
 
 @pytest.fixture
@@ -51,7 +52,9 @@ def test_a_report_on_a_cut_connection_is_retried_and_recorded_once(
 
     cut_this_threads_connection()
     result = job_tasks.rank_exited.apply(
-        kwargs={"token": settings.NODE_TOKEN, "node": "a", "job_id": job.pk, "round": 1, "exit": clean},
+        kwargs=sealed(
+            settings.NODE_TOKEN, job_tasks.rank_exited.name, node="a", job_id=job.pk, round=1, exit=clean
+        ),
         throw=False,  # an eager retry is raised as an exception when thrown
     )
 
@@ -67,13 +70,14 @@ def test_a_heartbeat_on_a_cut_connection_is_retried_on_a_new_one(
 
     cut_this_threads_connection()
     result = cluster_tasks.heartbeat.apply(
-        kwargs={
-            "token": settings.NODE_TOKEN,
-            "node": "a",
-            "session": "s-a",
-            "load": {"cpu_percent": 37.5, "memory_percent": 1.0, "gpus": []},
-            "rounds": [],
-        },
+        kwargs=sealed(
+            settings.NODE_TOKEN,
+            cluster_tasks.heartbeat.name,
+            node="a",
+            session="s-a",
+            load={"cpu_percent": 37.5, "memory_percent": 1.0, "gpus": []},
+            rounds=[],
+        ),
         throw=False,
     )
 

@@ -9,7 +9,6 @@ from io import StringIO
 from pathlib import Path
 
 import psutil
-import redis
 
 from console.core.embedded import EmbeddedRedis, redis_server_binary
 from console.core.supervisor import ChildSpec, CrashPolicy, Supervisor
@@ -40,7 +39,7 @@ def test_a_crashed_redis_comes_back_on_its_port_with_its_data(tmp_path: Path) ->
         child = sup.start(ChildSpec("redis", server.argv, log=server.log))
         wait_accepting(server, sup)
         port = server.port
-        client = redis.Redis(host="127.0.0.1", port=port)
+        client = server.client()
         client.xadd("trainyard:telemetry", {"batch": "in flight"})
         client.lpush("node.local", "a start_round message")
         client.close()
@@ -58,7 +57,7 @@ def test_a_crashed_redis_comes_back_on_its_port_with_its_data(tmp_path: Path) ->
 
         # Then it listens on the same port and still holds both
         assert server.port == port
-        client = redis.Redis(host="127.0.0.1", port=port)
+        client = server.client()
         entries = client.xrange("trainyard:telemetry") or []
         assert [fields for _id, fields in entries] == [{b"batch": b"in flight"}]
         assert client.lrange("node.local", 0, -1) == [b"a start_round message"]
@@ -77,7 +76,7 @@ def test_a_home_from_before_the_append_only_file_keeps_its_snapshot(tmp_path: Pa
         snapshot_only += ["--dir", str(server.root), "--appendonly", "no"]
         old = sup.start(ChildSpec("old-redis", snapshot_only, log=server.log))
         wait_accepting(server, sup)
-        client = redis.Redis(host="127.0.0.1", port=server.port)
+        client = server.client()
         client.set("kept", "from the snapshot")
         client.save()
         client.close()
@@ -101,7 +100,7 @@ def test_a_home_from_before_the_append_only_file_keeps_its_snapshot(tmp_path: Pa
         argv = server.argv()
         assert argv[argv.index("--appendonly") + 1] == "yes"
         wait_accepting(server, sup)
-        client = redis.Redis(host="127.0.0.1", port=server.port)
+        client = server.client()
         assert client.get("kept") == b"from the snapshot"
         client.close()
         sup.stop(restarted)

@@ -27,6 +27,7 @@ from console.core.env import optional_secret
 from console.core.models import AuditEntry
 from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
+from tests.support.reports import deliver, sealed
 from workers import protocol
 
 pytestmark = pytest.mark.django_db
@@ -56,19 +57,26 @@ def enrolled(name: str) -> str:
 
 
 def register(token: str, node: str) -> None:
-    cluster_tasks.register.apply(
-        kwargs={"token": token, "node": node, "session": "s", "info": INFO}, throw=True
-    )
+    deliver(cluster_tasks.register, token, node=node, session="s", info=INFO)
+
+
+def speaks_for(secret: str, node: str) -> bool:
+    """A report sealed with ``secret`` and claiming ``node`` is accepted."""
+    task = protocol.CONTROL_OFFLINE
+    return tokens.agent_authorised(task, sealed(secret, task, node=node, session="s"))
 
 
 def test_a_nodes_secret_speaks_for_that_node_only(caplog: pytest.LogCaptureFixture) -> None:
     a, b = enrolled("node-a"), enrolled("node-b")
-    assert tokens.agent_authorised(a, "node-a") and tokens.agent_authorised(b, "node-b")
+    assert speaks_for(a, "node-a") and speaks_for(b, "node-b")
     with caplog.at_level(logging.WARNING, "console.cluster.tokens"):
-        assert not tokens.agent_authorised(a, "node-b")
-        assert not tokens.agent_authorised("tyn_made-up", "node-a")
-        assert not tokens.agent_authorised("", "node-a")
-    assert "carries node 'node-a'" in caplog.text and "unknown node credential" in caplog.text
+        assert not speaks_for(a, "node-b")
+        assert not speaks_for("tyn_made-up", "node-a")
+        assert not speaks_for("", "node-a")
+        assert not speaks_for(a, "node-c")
+    assert (
+        "not sealed with that node's credential" in caplog.text and "no such node is enrolled" in caplog.text
+    )
     # Stored hashed only.
     stored = NodeCredential.objects.get(node_name="node-a")
     assert stored.secret_hash == tokens.hash_secret(a) and a not in str(list(NodeCredential.objects.values()))
@@ -89,15 +97,13 @@ def test_a_revoked_node_is_refused_and_logged(caplog: pytest.LogCaptureFixture, 
     assert tokens.revoke(credential, staff) and not tokens.revoke(credential, staff)
     before = Node.objects.get(name="node-a").last_heartbeat
     with caplog.at_level(logging.WARNING, "console.cluster.tokens"):
-        cluster_tasks.heartbeat.apply(
-            kwargs={
-                "token": secret,
-                "node": "node-a",
-                "session": "s",
-                "load": {"cpu_percent": 1.0, "memory_percent": 1.0, "gpus": []},
-                "rounds": [],
-            },
-            throw=True,
+        deliver(
+            cluster_tasks.heartbeat,
+            secret,
+            node="node-a",
+            session="s",
+            load={"cpu_percent": 1.0, "memory_percent": 1.0, "gpus": []},
+            rounds=[],
         )
     assert Node.objects.get(name="node-a").last_heartbeat == before
     assert "revoked" in caplog.text
@@ -114,7 +120,7 @@ def test_a_join_token_enrols_once_before_it_expires_and_only_its_node() -> None:
     _, secret = tokens.enrol("node-a", raw)
     with pytest.raises(tokens.EnrolmentRefused, match="already used"):
         tokens.enrol("node-a", raw)
-    assert tokens.agent_authorised(secret, "node-a")
+    assert speaks_for(secret, "node-a")
 
     _, late = tokens.issue_join_token(None, "late")
     JoinToken.objects.filter(name="late").update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -129,14 +135,14 @@ def test_enrolling_again_replaces_a_revoked_credential() -> None:
     old = enrolled("node-a")
     tokens.revoke(NodeCredential.objects.get(node_name="node-a"), None)
     new = enrolled("node-a")
-    assert tokens.agent_authorised(new, "node-a") and not tokens.agent_authorised(old, "node-a")
+    assert speaks_for(new, "node-a") and not speaks_for(old, "node-a")
 
 
 def test_the_shared_token_is_accepted_only_when_opted_in(settings: Any) -> None:
-    assert not tokens.agent_authorised("shared-secret-0123456789", "any-node")
+    assert not speaks_for("shared-secret-0123456789", "any-node")
     settings.NODE_TOKEN = "shared-secret-0123456789"
-    assert tokens.agent_authorised("shared-secret-0123456789", "any-node")
-    assert not tokens.agent_authorised("shared-secret-012345678", "any-node")
+    assert speaks_for("shared-secret-0123456789", "any-node")
+    assert not speaks_for("shared-secret-012345678", "any-node")
 
 
 def test_join_tokens_through_the_api(operator: User, viewer: User, staff: User) -> None:
@@ -153,7 +159,7 @@ def test_join_tokens_through_the_api(operator: User, viewer: User, staff: User) 
 
     agent = APIClient()
     enrolment = agent.post("/api/v1/nodes/enroll/", {"name": "gpu-07", "join_token": raw}, format="json")
-    assert enrolment.status_code == 201 and tokens.agent_authorised(enrolment.json()["secret"], "gpu-07")
+    assert enrolment.status_code == 201 and speaks_for(enrolment.json()["secret"], "gpu-07")
     again = agent.post("/api/v1/nodes/enroll/", {"name": "gpu-07", "join_token": raw}, format="json")
     assert again.status_code == 403 and "already used" in again.json()["detail"]
 
@@ -223,7 +229,7 @@ def test_staff_make_join_tokens_and_revoke_credentials_in_the_admin(staff: User)
     )
     assert done.status_code == 200
     credential.refresh_from_db()
-    assert credential.revoked and not tokens.agent_authorised(secret, "node-r4")
+    assert credential.revoked and not speaks_for(secret, "node-r4")
 
 
 def test_wrong_join_tokens_lock_the_address_out(settings: Any) -> None:

@@ -21,12 +21,19 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from console.cluster import tokens
 from console.cluster.models import JoinToken, Node, NodeCredential
+from console.core.transport import command_signer
 from console.jobs.bundles import store_bundle
 from console.jobs.models import Allocation, Job, Round
 from tests.support.agents import AgentProcs
 from tests.support.controller import Controller, wait_for
 from workers.agent.config import parse_config
-from workers.agent.credential import CREDENTIAL_FILE, CredentialError, enrol, resolve_credential
+from workers.agent.credential import (
+    CONSOLE_KEY_FILE,
+    CREDENTIAL_FILE,
+    CredentialError,
+    enrol,
+    resolve_credential,
+)
 from workers.net import free_port
 
 pytestmark = pytest.mark.cluster
@@ -58,6 +65,8 @@ def test_an_agent_enrols_with_a_join_token_and_is_refused_once_revoked(
         )
         stored = agent.data_dir / CREDENTIAL_FILE
         assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+        # it learnt the console's command key too (the key it verifies every command with)
+        assert (agent.data_dir / CONSOLE_KEY_FILE).read_text().strip() == command_signer().public_key
         secret = stored.read_text().strip()
         credential = NodeCredential.objects.get(node_name="enr-1")
         assert (

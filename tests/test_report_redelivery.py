@@ -15,12 +15,13 @@ from console.jobs import scheduler
 from console.jobs import tasks as job_tasks
 from console.jobs.models import Allocation
 from tests.support.decisions import Decide, failing_exit, make_job, make_node
+from tests.support.reports import deliver, sealed
 from workers import protocol
 
 
 def report(task: Any, **kwargs: Any) -> None:
     """Deliver ``task`` as the controller's worker does (eagerly here), with the node token."""
-    result = task.apply(kwargs={"token": settings.NODE_TOKEN, **kwargs}, throw=True)
+    result = deliver(task, settings.NODE_TOKEN, **kwargs)
     assert result.successful()
 
 
@@ -106,7 +107,9 @@ def test_a_report_with_a_bad_token_is_dropped(decide: Decide) -> None:
     job = make_job("guarded", nnodes="1")
     decide(scheduler.tick)
     result = job_tasks.rank_exited.apply(
-        kwargs={"token": "wrong", "node": "a", "job_id": job.pk, "round": 1, "exit": failing_exit()}
+        kwargs=sealed(
+            "wrong", job_tasks.rank_exited.name, node="a", job_id=job.pk, round=1, exit=failing_exit()
+        )
     )
     assert result.successful()
     assert Allocation.objects.get(round__job=job).exit_info == {}

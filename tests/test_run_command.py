@@ -20,6 +20,7 @@ from tests.support.up import (
     ConsoleApi,
     RunningConsole,
     digits_job,
+    secrets_on_command_lines,
     start_console,
 )
 
@@ -70,6 +71,10 @@ def test_second_run_keeps_jobs_admin_and_redis_port(tmp_path: Path, consoles: li
     extra = start_printed_agent(first, tmp_path / "agent-2.log")
     try:
         api.wait_node_online("agent-2")
+
+        # And no process it started (nor that agent, nor their children) has a secret on its
+        # command line: the Redis password, the database's, the node token
+        assert secrets_on_command_lines(home, extra.pid) == []
 
         # When Ctrl-C reaches the supervisor, then every process it started is gone
         stop_and_check_nothing_is_left(first)

@@ -215,7 +215,13 @@ class InplaceStatus(StrEnum):
 
 class BundleRef(TypedDict):
     sha256: str
-    url: str  # HTTP URL the agent fetches the archive from, with the node's credential as bearer
+    # HTTP URL of the archive at the console's TRAINYARD_PUBLIC_URL. An agent that knows the
+    # console URL it enrolled with fetches BUNDLE_PATH there instead (with the node's credential
+    # as bearer): the console's own idea of its address may not be one the host can reach.
+    url: str
+
+
+BUNDLE_PATH = "/api/v1/bundles/{sha256}/archive/"
 
 
 class PsProcess(TypedDict):
@@ -287,6 +293,10 @@ class RoundSpec(TypedDict):
     # In-place jobs whose rank failures the controller recovers in place: a failed rank does not
     # stop the host's other ranks (their SDK waits for the next round, which carries them over).
     recover_in_place: NotRequired[bool]
+    # The interface this host's ranks bind torch's transports to (GLOO_SOCKET_IFNAME,
+    # NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME; not where the job's env sets them): the one holding
+    # the address the host registered with.
+    interface: NotRequired[str]
 
 
 class GpuInfo(TypedDict):
@@ -298,7 +308,12 @@ class GpuInfo(TypedDict):
 
 class NodeInfo(TypedDict):
     hostname: str
-    address: str
+    address: str  # an IP address peers reach the host at (workers/agent/network.py), never a name
+    # The interface holding it: the console puts it into every rank's GLOO_/NCCL_/TP_SOCKET_IFNAME.
+    interface: NotRequired[str]
+    # Set when a reverse DNS look-up of the address was slow (torch's c10d store makes one per
+    # rank that connects): what the operator should fix.
+    dns_warning: NotRequired[str]
     cpus: int
     memory_bytes: int
     slots: int
@@ -357,6 +372,9 @@ class RankExit(TypedDict):
     # process then died by this signal, or hung and was killed ("hung"), in the interpreter's
     # teardown (workers/agent/runner.py says why torch 2.13 gloo ranks can).
     teardown: NotRequired[str]
+    # Set when the rank never started: the agent could not launch it (bundle, entrypoint,
+    # interpreter); the error says why. The console calls it a launch failure (console/jobs/backoff.py).
+    launch: NotRequired[bool]
 
 
 # --- telemetry -----------------------------------------------------------------------------

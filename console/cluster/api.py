@@ -19,6 +19,7 @@ from console.cluster import actions, network, tokens
 from console.cluster.models import Gpu, JoinToken, NetworkCheck, Node, NodeLink
 from console.core.models import AuditEntry
 from console.core.roles import is_operator
+from console.core.transport import command_signer
 
 
 class IsOperatorOrReadOnly(permissions.BasePermission):
@@ -46,6 +47,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "name",
             "hostname",
             "address",
+            "interface",
             "state",
             "cpus",
             "memory_bytes",
@@ -283,6 +285,9 @@ class EnrolRequestSerializer(serializers.Serializer):
 class EnrolResponseSerializer(serializers.Serializer):
     name = serializers.CharField()
     secret = serializers.CharField(help_text="The node's own credential; the agent stores it.")
+    command_key = serializers.CharField(
+        help_text="The console's public Ed25519 key: the agent runs only commands it verifies."
+    )
 
 
 class Enrol(APIView):
@@ -302,4 +307,7 @@ class Enrol(APIView):
         except tokens.EnrolmentRefused as refused:
             lockout.token_failed(request, None)
             raise exceptions.PermissionDenied(str(refused)) from None
-        return Response({"name": name, "secret": secret}, status=status.HTTP_201_CREATED)
+        return Response(
+            {"name": name, "secret": secret, "command_key": command_signer().public_key},
+            status=status.HTTP_201_CREATED,
+        )

@@ -17,6 +17,9 @@ class Node(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
     address = models.CharField(max_length=255, blank=True, help_text="Address peers reach this host at")
+    interface = models.CharField(
+        max_length=64, blank=True, help_text="Interface holding the address: the ranks' transports use it"
+    )
     state = models.CharField(
         max_length=16, choices=NodeState.choices, default=NodeState.ONLINE, db_index=True
     )

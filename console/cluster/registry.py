@@ -60,6 +60,13 @@ def register_node(node_name: str, session: str, info: protocol.NodeInfo) -> Node
             events.emit("node.online", f"Node {node.name} is back ({was} → ONLINE)", node=node)
         elif restarted:
             events.emit("node.restarted", f"Agent on {node.name} restarted", node=node)
+        if info.get("dns_warning"):
+            events.emit(
+                "node.slow_dns",
+                f"Node {node.name}: {info['dns_warning']}",
+                node=node,
+                severity=Severity.WARNING,
+            )
         if restarted:
             # A restarted agent lost its ranks: their rounds go on without this node, and failures
             # its peers reported since it was last seen are not the jobs' fault.
@@ -73,6 +80,7 @@ def register_node(node_name: str, session: str, info: protocol.NodeInfo) -> Node
 def _update_inventory(node: Node, session: str, info: protocol.NodeInfo) -> None:
     node.hostname = info.get("hostname", "")[:255]
     node.address = info.get("address", "")[:255]
+    node.interface = str(info.get("interface", ""))[:64]
     node.cpus = int(info.get("cpus", 0))
     node.memory_bytes = int(info.get("memory_bytes", 0))
     node.slots = int(info.get("slots", node.cpus))

@@ -1,6 +1,6 @@
 """Controller tasks for nodes (queue "control"): agents' registration, heartbeats and shutdown.
 
-Thin: check the node's credential (console/cluster/tokens.py), then call one function in console/cluster/registry.py. Every task
+Thin: check the report's seal (console/cluster/tokens.py), then call one function in console/cluster/registry.py. Every task
 retries on transient errors (console/core/retry.py) and is safe to run twice.
 """
 
@@ -17,32 +17,24 @@ from workers import protocol
 
 
 @shared_task(name=protocol.CONTROL_REGISTER, base=ControllerTask, ignore_result=True)
-def register(*, token: str, node: str, session: str, info: protocol.NodeInfo, **_: Any) -> None:
-    if agent_authorised(token, node):
-        registry.register_node(node, session, info)
+def register(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_REGISTER, message):
+        registry.register_node(message["node"], message["session"], message["info"])
 
 
 @shared_task(name=protocol.CONTROL_HEARTBEAT, base=ControllerTask, ignore_result=True, expires=10)
-def heartbeat(
-    *,
-    token: str,
-    node: str,
-    session: str,
-    load: protocol.NodeLoad,
-    rounds: list[protocol.RoundStatus],
-    **_: Any,
-) -> None:
-    if agent_authorised(token, node):
-        registry.heartbeat(node, session, load, rounds)
+def heartbeat(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_HEARTBEAT, message):
+        registry.heartbeat(message["node"], message["session"], message["load"], message["rounds"])
 
 
 @shared_task(name=protocol.CONTROL_OFFLINE, base=ControllerTask, ignore_result=True)
-def node_offline(*, token: str, node: str, session: str, **_: Any) -> None:
-    if agent_authorised(token, node):
-        registry.node_offline(node, session)
+def node_offline(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_OFFLINE, message):
+        registry.node_offline(message["node"], message["session"])
 
 
 @shared_task(name=protocol.CONTROL_PREFLIGHT, base=ControllerTask, ignore_result=True)
-def preflight(*, token: str, node: str, check_id: int, result: protocol.PreflightResult, **_: Any) -> None:
-    if agent_authorised(token, node):
-        network.record_result(node, int(check_id), result)
+def preflight(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_PREFLIGHT, message):
+        network.record_result(message["node"], int(message["check_id"]), message["result"])

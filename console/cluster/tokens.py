@@ -1,5 +1,6 @@
 """Node credentials, checked here only: every agent message (registration, heartbeats, reports,
-shutdown) and every bundle download by an agent goes through ``identify`` / ``agent_authorised``.
+shutdown) goes through ``agent_authorised`` (an HMAC seal keyed by the node's secret, which the
+message never carries), and every bundle download by an agent through ``identify``.
 
 A host enrols once with a one-time join token an operator made (admin, or
 ``POST /api/v1/nodes/join-tokens/``) and receives its own secret; the console keeps hashes of
@@ -23,6 +24,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from console.cluster.models import JoinToken, NodeCredential
+from workers import signing
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +84,31 @@ def identify(token: str | bytes | None) -> Verdict:
     return Verdict(NodeIdentity(credential.node_name, credential.prefix))
 
 
-def agent_authorised(token: str | None, node: str) -> bool:
-    """A message from an agent may be acted on: its credential is the claimed node's own (or the
-    shared token, when enabled). Anything else is logged and dropped."""
-    verdict = identify(token)
-    if verdict.identity is None:
-        log.warning("refusing a message from node %r: %s node credential", node, verdict.reason)
-        return False
-    if not verdict.identity.speaks_for(node):
-        log.warning(
-            "refusing a message claiming to be from node %r: it carries node %r's credential",
-            node,
-            verdict.identity.node,
-        )
-        return False
-    return True
+def agent_authorised(task: str, message: dict[str, Any]) -> bool:
+    """A report from an agent may be acted on: its seal (workers/signing.py) is an HMAC over the
+    task and body keyed by the claimed node's secret (by its hash, which is what is stored), or
+    by the shared token, when enabled. The secret never travels. Anything else is logged and dropped."""
+    node = str(message.get("node", ""))
+    credential = NodeCredential.objects.filter(node_name=node).first() if node else None
+    if credential is not None:
+        check = signing.report_mac_ok(credential.secret_hash.encode(), task, message)
+        if check.ok:
+            if credential.revoked:
+                _note_refusal(credential)
+                log.warning("refusing a message from node %r: revoked node credential", node)
+                return False
+            return True
+    if settings.NODE_TOKEN:
+        check = signing.report_mac_ok(signing.report_key(str(settings.NODE_TOKEN)), task, message)
+        if check.ok:
+            return True
+    log.warning(
+        "refusing %s claiming to be from node %r: %s",
+        task,
+        node,
+        "it is not sealed with that node's credential" if credential else "no such node is enrolled",
+    )
+    return False
 
 
 def _note_refusal(credential: NodeCredential) -> None:

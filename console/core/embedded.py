@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import psutil
 
@@ -110,9 +111,24 @@ def database_url(home: Path) -> str:
     )
 
 
+def redis_password(home: Path) -> str:
+    """The embedded Redis's password (made on first use, kept in its directory, mode 0600)."""
+    return kept_secret(redis_dir(home) / "password")
+
+
 def broker_url(home: Path) -> str:
-    """The embedded Redis's URL: database 0 holds the broker, channel layer and telemetry."""
-    return f"redis://127.0.0.1:{kept_port(redis_dir(home) / 'port')}/0"
+    """The embedded Redis's URL: database 0 holds the broker, channel layer and telemetry. It
+    has a password: any local user could otherwise write to the broker."""
+    return f"redis://:{redis_password(home)}@127.0.0.1:{kept_port(redis_dir(home) / 'port')}/0"
+
+
+def broker_url_file(home: Path) -> Path:
+    """The URL written to a private file, for an agent started by hand (never on a command line)."""
+    path = redis_dir(home) / "url"
+    url = broker_url(home)
+    if not path.exists() or path.read_text().strip() != url:
+        _write_private(path, url + "\n")
+    return path
 
 
 def port_open(port: int) -> bool:
@@ -325,10 +341,27 @@ class EmbeddedRedis:
     def log(self) -> Path:
         return self.root / "redis.log"
 
+    @property
+    def password(self) -> str:
+        return redis_password(self.home)
+
+    def config_file(self) -> Path:
+        """The password goes to Redis in a private config file: on the command line every local
+        user would read it in ``ps``."""
+        path = self.root / "redis.conf"
+        _write_private(path, f'requirepass "{self.password}"\n')
+        return path
+
+    def client(self, **options: object) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **options)  # type: ignore[arg-type]
+
     def argv(self) -> list[str]:
         self.root.mkdir(parents=True, exist_ok=True)
         return [
             self.binary,
+            str(self.config_file()),
             "--bind",
             "127.0.0.1",
             "--port",
@@ -352,9 +385,7 @@ class EmbeddedRedis:
         return (self.root / "dump.rdb").exists() and not aof
 
     def switch_on_aof(self) -> None:
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.port)
+        client = self.client()
         try:
             client.config_set("appendonly", "yes")
         finally:
@@ -363,7 +394,7 @@ class EmbeddedRedis:
     def accepting(self) -> bool:
         import redis
 
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+        client = self.client(socket_timeout=2)
         try:
             return bool(client.ping())
         except redis.RedisError:

@@ -3,21 +3,24 @@
 Commands to agents (workers/protocol.py's AGENT_*) and requests for an early controller tick
 all go through ``send_on_commit``, which hands them to the current transport after the
 surrounding transaction commits (never before the rows they refer to exist; never at all if it
-rolls back). Tests swap the transport for a recorder with ``use()`` and read exactly what was sent.
+rolls back). Commands to agents leave sealed with the console's key (``sealed``). Tests swap the transport for a recorder with ``use()`` and read exactly what was sent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 
 from workers import protocol
+from workers.signing import SEAL, CommandSigner, load_or_create_private_key, node_of_queue
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +45,29 @@ class Transport(Protocol):
     def send(self, command: Command) -> None: ...
 
 
+@functools.cache
+def command_signer() -> CommandSigner:
+    """The console's Ed25519 key (settings.COMMAND_KEY_FILE, made on first use): every command
+    to an agent is sealed with it (workers/signing.py); agents hold its public half."""
+    return CommandSigner(load_or_create_private_key(settings.COMMAND_KEY_FILE))
+
+
+def sealed(command: Command) -> dict[str, Any]:
+    """The command's kwargs with its seal, when it goes to an agent (node.<name>)."""
+    node = node_of_queue(command.queue)
+    if node is None:
+        return command.kwargs
+    seal = command_signer().seal(command.name, node, command.kwargs, command.expires)
+    return {**command.kwargs, SEAL: seal}
+
+
 class CeleryTransport:
-    """The production transport: the controller's Celery app on the shared broker."""
+    """The production transport: the controller's Celery app on the shared broker. Commands to
+    agents are sealed here, as they leave, so their expiry counts from the send."""
 
     def send(self, command: Command) -> None:
         current_app.send_task(
-            command.name, kwargs=command.kwargs, queue=command.queue, expires=command.expires
+            command.name, kwargs=sealed(command), queue=command.queue, expires=command.expires
         )
 
 

@@ -26,6 +26,7 @@ from console.core import events
 from console.core.decision import decision
 from console.core.events import Severity
 from console.core.states import AllocationState, JobState, NodeState, RoundPhase, RoundReason
+from console.jobs.backoff import PastRound, false_starts, launch_failures_in_a_row, launch_kind, restart_delay
 from console.jobs.inplace import fall_back
 from console.jobs.membership import change_membership
 from console.jobs.models import Allocation, Job, Round
@@ -33,6 +34,8 @@ from console.jobs.rounds import finish_job
 from console.jobs.snapshot import members
 from workers import protocol
 from workers.protocol import InplaceStatus
+
+BACKOFF_HISTORY = 32  # rounds looked back at: past 2**30 s of back-off the count no longer matters
 
 
 def failed(exit: protocol.RankExit) -> bool:
@@ -64,11 +67,25 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
         "signal": exit.get("signal"),
         "error": (exit.get("error") or "")[-4000:],
     }
+    kind = launch_kind(exit, rnd.first_step_at is not None)
+    if kind:
+        cause["launch"] = kind
     rnd.failure = cause
     rnd.save(update_fields=["failure", *rnd.set_state(RoundPhase.SETTLING, at=now)])
     # Its next heartbeat is the proof of life the settlement waits for: ask for it now, and a
     # host that does not answer within PING_DEADLINE is declared lost (it may be the cause).
     suspect(unproven(rnd))
+    if kind:
+        events.emit(
+            "round.launch_failed",
+            f"Round {rnd.number} could not start on {cause['node']}: {launch_reason(cause)}",
+            job=job,
+            node=alloc.node,
+            severity=Severity.ERROR,
+            cause=cause,
+        )
+        settle_failure(job, rnd)
+        return
     events.emit(
         "rank.failed",
         f"Rank {cause['rank']} on {cause['node']} failed with {describe(cause)}",
@@ -84,14 +101,37 @@ def describe(cause: dict[str, Any]) -> str:
     return f"signal {cause['signal']}" if cause["signal"] else f"exit code {cause['exit_code']}"
 
 
+def launch_reason(cause: dict[str, Any]) -> str:
+    """The last line of a launch failure's error (the agent's message, or the rank's exception)."""
+    lines = [line.strip() for line in str(cause.get("error") or "").splitlines() if line.strip()]
+    reason = lines[-1] if lines else describe(cause)
+    return reason.removeprefix("launch failed: ")[:300]
+
+
 def settle_failure(job: Job, rnd: Round) -> None:
-    """Restart (charged) or fail a job whose current round is settling a rank failure."""
+    """Restart or fail a job whose current round is settling a rank failure: a rank failure is
+    charged against max_restarts, a launch failure is not (LAUNCH_FAILURE_LIMIT in a row fail
+    the job); a restart after a round that never got going waits (console/jobs/backoff.py)."""
     if job.round_number != rnd.number or rnd.state != RoundPhase.SETTLING or not job.job_state.is_active:
         return
     if unproven(rnd):
         return  # a host has not shown it is alive since the failure: it may be the cause
     cause = rnd.failure
-    if job.restarts >= job.max_restarts:
+    history = past_rounds(job)
+    if cause.get("launch"):
+        in_a_row = launch_failures_in_a_row(history, RoundReason.FAILURE)
+        if in_a_row >= settings.LAUNCH_FAILURE_LIMIT:
+            job.failure = cause
+            finish_job(
+                job,
+                JobState.FAILED,
+                f"Failed: round {cause['round']} could not start on {cause['node']} ({launch_reason(cause)}); "
+                f"{in_a_row} launch failures in a row",
+                severity=Severity.ERROR,
+                cause=cause,
+            )
+            return
+    elif job.restarts >= job.max_restarts:
         job.failure = cause
         finish_job(
             job,
@@ -101,7 +141,51 @@ def settle_failure(job: Job, rnd: Round) -> None:
             cause=cause,
         )
         return
-    change_membership(job, RoundReason.FAILURE)
+    if backing_off(job, rnd, history):
+        return
+    plan = change_membership(job, RoundReason.FAILURE)
+    if cause.get("launch") and plan is not None and plan.charged:
+        # The host's configuration, not the job's code: the restart is not counted.
+        job.restarts = max(0, job.restarts - 1)
+        job.save(update_fields=["restarts"])
+        if not plan.requeue:
+            Round.objects.filter(job=job, number=job.round_number).update(charged=False)
+
+
+def past_rounds(job: Job) -> list[PastRound]:
+    """The job's latest rounds, newest first, as back-off sees them."""
+    rows = job.rounds.order_by("-number").values_list(
+        "reason", "created_at", "first_step_at", "failed_at", "failure"
+    )[:BACKOFF_HISTORY]
+    return [
+        PastRound(reason, created, first is not None, failed_at, bool((failure or {}).get("launch")))
+        for reason, created, first, failed_at, failure in rows
+    ]
+
+
+def backing_off(job: Job, rnd: Round, history: list[PastRound]) -> bool:
+    """True while the restart after ``rnd``'s failure must wait (the tick settles it later); the
+    first time, says so in an event and on the round's failure (``retry_at``)."""
+    streak = false_starts(history, settings.RESTART_BACKOFF_RESET, RoundReason.FAILURE)
+    delay = restart_delay(streak, settings.RESTART_BACKOFF_BASE, settings.RESTART_BACKOFF_MAX)
+    if not delay or rnd.failed_at is None:
+        return False
+    retry_at = rnd.failed_at + timedelta(seconds=delay)
+    if timezone.now() >= retry_at:
+        return False
+    if "retry_at" not in rnd.failure:
+        rnd.failure = {**rnd.failure, "retry_at": retry_at.isoformat(), "false_starts": streak}
+        rnd.save(update_fields=["failure"])
+        events.emit(
+            "job.backoff",
+            f"{streak} failures in a row before the job got going: restarting in {delay:g} s",
+            job=job,
+            severity=Severity.WARNING,
+            delay=delay,
+            false_starts=streak,
+            retry_at=retry_at.isoformat(),
+        )
+    return True
 
 
 def unproven(rnd: Round) -> list[Node]:

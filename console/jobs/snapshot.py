@@ -124,7 +124,7 @@ def node_views(exclude_job: Job | None = None) -> dict[int, NodeView]:
             takes_work=n.state == NodeState.ONLINE,
             free_slots=n.slots - used_slots.get(n.pk, 0),
             free_gpus=tuple(g for g in gpus[n.pk] if g not in used_gpus.get(n.pk, set())),
-            address=n.address or n.hostname or "127.0.0.1",
+            address=n.address or "127.0.0.1",  # never the host name: it may resolve to loopback
             recent_ports=frozenset(ports.get(n.pk, ())),
         )
         for n in nodes

@@ -53,6 +53,8 @@ def round_spec(
         "max_restarts": job.max_restarts,
         "grace_period": job.grace_period,
     }
+    if alloc.node.interface:
+        spec["interface"] = alloc.node.interface
     if rnd.inplace:
         spec["carry_over"] = {
             "from_round": int(rnd.carry_over["from_round"]),
@@ -72,7 +74,7 @@ def ps_round(job: Job, members: Sequence[Allocation], alloc: Allocation) -> prot
     addresses: dict[int, str] = {}
     workers = 0
     for other in members:
-        host = other.node.address or other.node.hostname or "127.0.0.1"
+        host = other.node.address or "127.0.0.1"
         for process in other.processes:
             if process["role"] == "coordinator":
                 coordinator = f"{host}:{process['port']}"

@@ -1,6 +1,6 @@
 """Controller tasks for jobs (queue "control"): the periodic tick and agents' reports on rounds.
 
-Thin: check the node's credential (console/cluster/tokens.py), then call one function. Agents send the reports by name
+Thin: check the report's seal (console/cluster/tokens.py), then call one function. Agents send the reports by name
 (workers/protocol.py). Every task retries on transient errors (console/core/retry.py) and is
 safe to run twice, so a redelivery (acks_late after a controller crash) changes nothing twice.
 """
@@ -24,21 +24,18 @@ def tick() -> None:
 
 
 @shared_task(name=protocol.CONTROL_RANK_EXITED, base=ControllerTask, ignore_result=True)
-def rank_exited(*, token: str, node: str, job_id: int, round: int, exit: protocol.RankExit, **_: Any) -> None:
-    if agent_authorised(token, node):
-        reports.rank_exited(node, int(job_id), int(round), exit)
+def rank_exited(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_RANK_EXITED, message):
+        reports.rank_exited(message["node"], int(message["job_id"]), int(message["round"]), message["exit"])
 
 
 @shared_task(name=protocol.CONTROL_ROUND_ENDED, base=ControllerTask, ignore_result=True)
-def round_ended(
-    *,
-    token: str,
-    node: str,
-    job_id: int,
-    round: int,
-    outcome: str,
-    failures: list[protocol.RankExit] | None = None,
-    **_: Any,
-) -> None:
-    if agent_authorised(token, node):
-        reports.round_ended(node, int(job_id), int(round), outcome, failures or [])
+def round_ended(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_ROUND_ENDED, message):
+        reports.round_ended(
+            message["node"],
+            int(message["job_id"]),
+            int(message["round"]),
+            message["outcome"],
+            message.get("failures") or [],
+        )

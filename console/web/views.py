@@ -17,6 +17,7 @@ from console.api.pagination import decode_cursor, encode_cursor, key_of, keyset_
 from console.cluster.models import Gpu, Node
 from console.core.roles import is_operator
 from console.core.states import JobState, NodeState
+from console.jobs.failures import launch_reason
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
@@ -204,12 +205,24 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "has_layers": any(n.startswith("grad_norm/") for n in config["names"]),
             "rank_choices": range(widest),
             "role_rows": role_rows(job, current) if job.is_parameter_server else [],
+            "launch_failure": launch_failure(job, rounds),
             "can_operate": is_operator(request.user),
             "terminal": job.job_state.is_terminal,
             "trackers": tracker_links(job),
             "nav": "jobs",
         },
     )
+
+
+def launch_failure(job: Job, rounds: list[Round]) -> dict[str, Any] | None:
+    """A live job's latest launch failure (console/jobs/backoff.py: its ranks never started, or
+    never reached their peers) in its last two rounds, with its reason, for the page's banner."""
+    if job.job_state.is_terminal:
+        return None
+    for rnd in rounds[:2]:
+        if rnd.failure.get("launch"):
+            return {**rnd.failure, "reason": launch_reason(rnd.failure)}
+    return None
 
 
 def workload_catalog() -> dict[str, dict[str, Any]]:

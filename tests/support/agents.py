@@ -369,6 +369,14 @@ class ControlQueue:
         return drained
 
     def send(self, node: str, task: str, **kwargs: Any) -> None:
+        """Sealed with the console's key, as the controller's commands are (console/core/transport.py)."""
+        from console.core.transport import Command, sealed
+
+        queue = protocol.node_queue(node)
+        self.app.send_task(task, kwargs=sealed(Command(task, queue, kwargs)), queue=queue)
+
+    def send_unsealed(self, node: str, task: str, **kwargs: Any) -> None:
+        """What anyone who can write to the broker can send: no seal."""
         self.app.send_task(task, kwargs=kwargs, queue=protocol.node_queue(node))
 
     def close(self) -> None:

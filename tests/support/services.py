@@ -28,7 +28,7 @@ from typing import Any
 from tests.support import procs
 from tests.support.agents import AgentProcs
 from tests.support.controller import Controller
-from workers import net
+from workers import net, signing
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -37,10 +37,18 @@ BOOT_TIMEOUT = 60.0
 """Seconds for Daphne or redis-server to listen (Daphne imports Django: seconds on a loaded machine)."""
 
 
+def with_command_key(env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` with the console's command key file (kept, or one under ``root``) and its public
+    half for the agents (workers/signing.py): the console's processes and its agents agree."""
+    key_file = env.get("TRAINYARD_COMMAND_KEY_FILE") or str(root / "command_key.pem")
+    public = signing.public_key_text(signing.load_or_create_private_key(Path(key_file)).public_key())
+    return {**env, "TRAINYARD_COMMAND_KEY_FILE": key_file, "TRAINYARD_CONSOLE_KEY": public}
+
+
 # --- how each component is started ---------------------------------------------------------------
-def web_argv(port: int) -> list[str]:
+def web_argv(port: int, host: str = "127.0.0.1") -> list[str]:
     """Daphne serving the console (pages, API, websockets), as bin/run and docker-compose run it."""
-    return [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"]
+    return [str(VENV_BIN / "daphne"), "-b", host, "-p", str(port), "console.asgi:application"]
 
 
 def ingest_argv(consumer: str = "", *extra: str) -> list[str]:
@@ -48,17 +56,19 @@ def ingest_argv(consumer: str = "", *extra: str) -> list[str]:
     return [PYTHON, "manage.py", "ingest", *(["--consumer", consumer] if consumer else []), *extra]
 
 
-def start_web(env: dict[str, str], log: Path, port: int | None = None) -> tuple[subprocess.Popen[Any], str]:
-    """Daphne on ``port`` (a free one by default); returns once it accepts connections."""
-    port = port or net.free_port()
+def start_web(
+    env: dict[str, str], log: Path, port: int | None = None, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[Any], str]:
+    """Daphne on ``host:port`` (a free port by default); returns once it accepts connections."""
+    port = port or net.free_port(host)
     log.parent.mkdir(parents=True, exist_ok=True)
-    popen = procs.spawn(web_argv(port), cwd=REPO, env=env, log=log)
+    popen = procs.spawn(web_argv(port, host), cwd=REPO, env=env, log=log)
     try:
-        net.wait_listening("127.0.0.1", port, BOOT_TIMEOUT, poll=0.1, process=popen)
+        net.wait_listening(host, port, BOOT_TIMEOUT, poll=0.1, process=popen)
     except (RuntimeError, TimeoutError) as exc:
         procs.stop(popen, grace=5)
         raise RuntimeError(f"daphne did not start: {exc}\n{tail(log)}") from None
-    return popen, f"http://127.0.0.1:{port}"
+    return popen, f"http://{host}:{port}"
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -97,9 +107,13 @@ class RedisServer:
         appendfsync: str = "always",
         env: dict[str, str] | None = None,
         die_with_parent: bool = False,
+        bind: str = "127.0.0.1",
+        password: str = "",
     ) -> None:
         self.workdir = workdir
-        self.port = port or net.free_port()
+        self.bind = bind
+        self.password = password
+        self.port = port or net.free_port(bind)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.env = env
@@ -109,7 +123,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.bind}:{self.port}/0"
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +133,8 @@ class RedisServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.bind,
+            *(["--requirepass", self.password] if self.password else []),
             "--dir",
             str(self.workdir),
             "--save",
@@ -136,7 +152,7 @@ class RedisServer:
             die_with_parent=self.die_with_parent,
         )
         try:
-            net.wait_listening("127.0.0.1", self.port, BOOT_TIMEOUT, process=self.proc)
+            net.wait_listening(self.bind, self.port, BOOT_TIMEOUT, process=self.proc)
         except (RuntimeError, TimeoutError):
             raise RuntimeError(f"redis-server did not start:\n{tail(self.workdir / 'redis.log')}") from None
 
@@ -144,7 +160,7 @@ class RedisServer:
         import redis
 
         try:
-            return bool(redis.Redis(port=self.port, socket_timeout=1).ping())
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
         except redis.RedisError:
             return False
 
@@ -178,7 +194,8 @@ class Console:
         die_with_parent: bool = False,
     ) -> None:
         self.root = root
-        self.env = env
+        self.env = with_command_key(env, root)
+        env = self.env
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.die_with_parent = die_with_parent
@@ -208,8 +225,8 @@ class Console:
         self.started.append(popen)
         return popen
 
-    def start_web(self, port: int | None = None, **env: str) -> str:
-        self.web, self.url = start_web({**self.env, **env}, self.logs / "web.log", port)
+    def start_web(self, port: int | None = None, host: str = "127.0.0.1", **env: str) -> str:
+        self.web, self.url = start_web({**self.env, **env}, self.logs / "web.log", port, host)
         self.started.append(self.web)
         return self.url
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 URL_LINE = re.compile(r"Trainyard console: (http://\S+)")
 STARTED_LINE = re.compile(r"(?:re)?started (\w+) \(pid (\d+)\)")
 LOGIN_LINE = re.compile(r"username=(\S+) password=(\S+)")
-BROKER_LINE = re.compile(r"broker: redis://127\.0\.0\.1:(\d+)/0")
+BROKER_LINE = re.compile(r"broker: redis://(?::\*\*\*@)?127\.0\.0\.1:(\d+)/0")
 POSTGRES_LINE = re.compile(r"PostgreSQL ready on 127\.0\.0\.1:(\d+)")
 STOPPED_LINE = re.compile(r"all processes stopped")
 AGENT_COMMAND_LINE = re.compile(r"^  (TRAINYARD_NODE_TOKEN=.+ -m workers\.agent .*)$")
@@ -250,3 +250,27 @@ def start_console(started: list[RunningConsole], home: Path) -> tuple[RunningCon
     started.append(console)
     url = console.wait_for(URL_LINE, timeout=BOOT_TIMEOUT).group(1)
     return console, url
+
+
+def secrets_on_command_lines(home: Path, *extra_pids: int) -> list[str]:
+    """Processes of this console (and ``extra_pids`` and their children) whose command line holds
+    one of the home's secrets (the Redis and PostgreSQL passwords, the node token, the secret
+    key): `ps` shows command lines to every local user."""
+    kept = [
+        home / "redis" / "password",
+        home / "postgres" / "password",
+        home / "node_token",
+        home / "secret_key",
+    ]
+    values = [path.read_text().strip() for path in kept if path.exists()]
+    assert values, f"no secrets found under {home}"
+    pids = set(processes_of_home(home, wait=0))
+    for pid in extra_pids:
+        with contextlib.suppress(psutil.Error):
+            pids |= {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            argv = " ".join(psutil.Process(pid).cmdline())
+            found += [f"{pid}: {argv[:120]}" for value in values if value and value in argv]
+    return found

@@ -283,6 +283,7 @@ class RoundActor:
                     signal=None,
                     error=f"launch failed: {message}",
                     at=now,
+                    launch=True,
                 )
             )
         local.set_state(LocalState.LAUNCH_FAILED)

@@ -24,23 +24,30 @@ from typing import Any
 from celery import Celery
 
 from workers import protocol
-from workers.agent import preflight
+from workers.agent import network, preflight
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
-from workers.agent.credential import CredentialError, resolve_credential
-from workers.agent.inventory import node_info, node_load, primary_address
+from workers.agent.credential import (
+    CredentialError,
+    resolve_console_key,
+    resolve_console_url,
+    resolve_credential,
+)
+from workers.agent.inventory import node_info, node_load
 from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
 from workers.agent.warmpool import WarmPool
 from workers.protocol import PreflightRequest, RoundSpec
+from workers.signing import CommandVerifier, report_key
 
 logger = logging.getLogger("workers.agent")
 
 SHUTDOWN_MARGIN_SECONDS = 15.0
 CONTROL_FLUSH_SECONDS = 10.0
 EXIT_NO_CREDENTIAL = 3  # not restarted with hope: the operator must enrol the node
-EXIT_REFUSED = 4  # the console refused this agent's protocol: upgrade it
+EXIT_BAD_ADDRESS = 4  # --address names a host that does not resolve
+EXIT_REFUSED = 5  # the console refused this agent's protocol: upgrade it
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -72,38 +79,59 @@ def register_tasks(
     supervisor: Supervisor,
     register: Callable[[], None],
     heartbeat_now: Callable[[], None],
+    verifier: CommandVerifier,
     preflight: Callable[[PreflightRequest], None] = lambda request: None,
     refused: Callable[[str], None] = lambda reason: None,
 ) -> None:
+    """Every command runs only once its seal verifies (workers/signing.py); a refusal is logged."""
+
+    def verified(command: str, kwargs: dict[str, Any]) -> bool:
+        reason = verifier.refusal(command, kwargs)
+        if reason:
+            spec = kwargs.get("spec")
+            job = (spec if isinstance(spec, dict) else kwargs).get("job_id")
+            logger.warning("refused %s (job %r): %s", command, job, reason)
+        return not reason
+
     @app.task(name=protocol.AGENT_START_ROUND, ignore_result=True)
-    def start_round(*, spec: RoundSpec, **_: Any) -> None:
-        supervisor.submit(StartRound(spec))
+    def start_round(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_START_ROUND, kwargs):
+            supervisor.submit(StartRound(kwargs["spec"]))
 
     @app.task(name=protocol.AGENT_STOP_JOB, ignore_result=True)
-    def stop_job(*, job_id: int, round: int, grace_period: float | None = None, **_: Any) -> None:
-        grace = DEFAULT_GRACE_PERIOD_SECONDS if grace_period is None else float(grace_period)
-        supervisor.submit(StopJob(int(job_id), int(round), grace))
+    def stop_job(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_STOP_JOB, kwargs):
+            grace_period = kwargs.get("grace_period")
+            grace = DEFAULT_GRACE_PERIOD_SECONDS if grace_period is None else float(grace_period)
+            supervisor.submit(StopJob(int(kwargs["job_id"]), int(kwargs["round"]), grace))
 
     @app.task(name=protocol.AGENT_SYNC, ignore_result=True)
-    def sync(*, rounds: list[RoundSpec], **_: Any) -> None:
-        supervisor.submit(Sync(list(rounds)))
+    def sync(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_SYNC, kwargs):
+            rounds: list[RoundSpec] = kwargs["rounds"]
+            supervisor.submit(Sync(list(rounds)))
 
     @app.task(name=protocol.AGENT_REGISTER_AGAIN, ignore_result=True)
-    def register_again(*, reason: str = "", **_: Any) -> None:
-        logger.warning("the console asks this agent to register again: %s", reason or "no reason given")
-        register()
+    def register_again(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_REGISTER_AGAIN, kwargs):
+            reason = kwargs.get("reason") or "no reason given"
+            logger.warning("the console asks this agent to register again: %s", reason)
+            register()
 
     @app.task(name=protocol.AGENT_HEARTBEAT_NOW, ignore_result=True)
-    def send_heartbeat_now(**_: Any) -> None:
-        heartbeat_now()
+    def send_heartbeat_now(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_HEARTBEAT_NOW, kwargs):
+            heartbeat_now()
 
     @app.task(name=protocol.AGENT_PREFLIGHT, ignore_result=True)
-    def run_preflight(*, request: PreflightRequest, **_: Any) -> None:
-        preflight(request)
+    def run_preflight(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_PREFLIGHT, kwargs):
+            preflight(kwargs["request"])
 
     @app.task(name=protocol.AGENT_REFUSED, ignore_result=True)
-    def registration_refused(*, reason: str = "", **_: Any) -> None:
-        refused(reason)
+    def registration_refused(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_REFUSED, kwargs):
+            refused(str(kwargs.get("reason") or ""))
 
 
 def preflight_runner(
@@ -166,13 +194,26 @@ def run_agent(config: AgentConfig) -> int:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         # From here on config.token is the node's own credential (or the opted-in shared token).
-        config = replace(config, token=resolve_credential(config))
+        config = replace(config, token=resolve_credential(config), console_url=resolve_console_url(config))
+        verifier = CommandVerifier(resolve_console_key(config), config.name)
     except CredentialError as exc:
         logger.error("%s", exc)
         return EXIT_NO_CREDENTIAL
     config.checkpoint_root.mkdir(parents=True, exist_ok=True)
+    try:
+        reach = network.detect(config.address, config.interface, (config.broker_url, config.console_url))
+    except network.AddressError as exc:
+        logger.error("--address: %s", exc)
+        return EXIT_BAD_ADDRESS
+    if not reach.interface:
+        logger.warning(
+            "no local interface holds %s: ranks pick their own (give --interface to choose)", reach.address
+        )
+    dns_warning = network.slow_lookup_warning(reach.address)
+    if dns_warning:
+        logger.warning("%s", dns_warning)
     app = make_celery_app(config)
-    control = ControlClient(app, config.name, config.token, session)
+    control = ControlClient(app, config.name, report_key(config.token), session)
     reaper = ReaperClient(session)
     shipper = TelemetryShipper(config.broker_url, config.name)
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
@@ -181,7 +222,7 @@ def run_agent(config: AgentConfig) -> int:
     supervisor.on_news = heartbeat.poke
 
     def register() -> None:
-        control.send(protocol.CONTROL_REGISTER, info=node_info(config.address, config.slots))
+        control.send(protocol.CONTROL_REGISTER, info=node_info(reach, config.slots, dns_warning))
 
     refusal: list[str] = []
 
@@ -190,23 +231,24 @@ def run_agent(config: AgentConfig) -> int:
         refusal.append(reason)
         os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, then the clean exit below
 
-    address = config.address or primary_address()
-    runner = preflight_runner(control, address, config.console_url)
-    register_tasks(app, supervisor, register, heartbeat.poke, runner, refused)
+    runner = preflight_runner(control, reach.address, config.console_url)
+    register_tasks(app, supervisor, register, heartbeat.poke, verifier, runner, refused)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
     try:
         purged = purge_node_queue(app, config.name)
-        info = node_info(config.address, config.slots)
+        info = node_info(reach, config.slots, dns_warning)
         logger.info(
-            "agent %s (session %s, reaper pid %s): %s cpus, %s gpus, address %s; purged %s stale commands",
+            "agent %s (session %s, reaper pid %s): %s cpus, %s gpus, address %s on %s; purged %s stale "
+            "commands",
             config.name,
             session,
             reaper.pid,
             info["cpus"],
             len(info["gpus"]),
-            info["address"],
+            reach.address,
+            reach.interface or "no local interface",
             purged,
         )
         control.send(protocol.CONTROL_REGISTER, info=info)

@@ -23,7 +23,7 @@ class AgentConfig:
     name: str
     broker_url: str
     token: str
-    address: str  # "" = detect the host's primary address
+    address: str  # "" = the source address of the route to the broker (workers/agent/network.py)
     slots: int  # 0 = the CPU count
     heartbeat: float
     data_dir: Path
@@ -32,7 +32,9 @@ class AgentConfig:
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT_SECONDS
     keep_rounds_days: float = DEFAULT_KEEP_ROUNDS_DAYS  # past rounds' files (retention.py); 0 = forever
     join_token: str = ""  # one-time enrolment (credential.py); unused once the node has its credential
-    console_url: str = ""  # the console's web address, where the agent enrols
+    console_url: str = ""  # the console's web address: enrolment, code bundles
+    interface: str = ""  # "" = the interface holding ``address``
+    console_key: str = ""  # the console's public Ed25519 key (credential.py: else learnt at enrolment)
 
     @property
     def rounds_dir(self) -> Path:
@@ -66,7 +68,24 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument(
         "--token", default="", help="shared node token of a single-machine console (TRAINYARD_NODE_TOKEN)"
     )
-    parser.add_argument("--address", default="", help="address peers reach this host at")
+    parser.add_argument(
+        "--console-key",
+        default="",
+        help="the console's public command key (TRAINYARD_CONSOLE_KEY; `manage.py commandkey` prints it); "
+        "an enrolled agent learns it at enrolment",
+    )
+    parser.add_argument(
+        "--address",
+        default="",
+        help="address peers reach this host at (TRAINYARD_AGENT_ADDRESS); default: the source address "
+        "of the route to the broker",
+    )
+    parser.add_argument(
+        "--interface",
+        default="",
+        help="network interface the ranks' transports use (TRAINYARD_AGENT_INTERFACE; gloo, NCCL, "
+        "TensorPipe); default: the one holding the address",
+    )
     parser.add_argument("--slots", type=int, default=0, help="rank slots (default: CPU count)")
     parser.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
     parser.add_argument("--data-dir", default="", help="TRAINYARD_AGENT_DATA, ~/.trainyard-agent/<name>")
@@ -109,7 +128,9 @@ def parse_config(argv: list[str] | None = None) -> AgentConfig:
         token=ns.token or os.environ.get("TRAINYARD_NODE_TOKEN", ""),
         join_token=ns.join_token or os.environ.get("TRAINYARD_JOIN_TOKEN", ""),
         console_url=ns.console or os.environ.get("TRAINYARD_CONSOLE_URL", ""),
-        address=ns.address,
+        address=ns.address or os.environ.get("TRAINYARD_AGENT_ADDRESS", ""),
+        interface=ns.interface or os.environ.get("TRAINYARD_AGENT_INTERFACE", ""),
+        console_key=ns.console_key or os.environ.get("TRAINYARD_CONSOLE_KEY", ""),
         slots=ns.slots,
         heartbeat=ns.heartbeat,
         data_dir=data_dir,

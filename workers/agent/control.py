@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery
 
 from workers.protocol import CONTROL_HEARTBEAT, CONTROL_QUEUE
+from workers.signing import SEAL, seal_report
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +25,14 @@ RETRY_SECONDS = 1.0
 
 
 class ControlClient:
-    """Sends CONTROL_* tasks, each carrying the node's credential, the node name and the session."""
+    """Sends CONTROL_* tasks, each carrying the node name and the session, sealed with an HMAC
+    keyed by the node's credential (``report_key``: workers/signing.py) as it leaves: the
+    credential itself never goes on the broker."""
 
-    def __init__(self, app: Celery, node: str, token: str, session: str) -> None:
+    def __init__(self, app: Celery, node: str, report_key: bytes, session: str) -> None:
         self._app = app
-        self._base = {"token": token, "node": node, "session": session}
+        self._key = report_key
+        self._base = {"node": node, "session": session}
         self._outbox: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._changed = threading.Condition()
         self._closing = False
@@ -68,7 +72,8 @@ class ControlClient:
                     return
                 task, kwargs = self._outbox[0]
             try:
-                self._app.send_task(task, kwargs=kwargs, queue=CONTROL_QUEUE)
+                sealed = {**kwargs, SEAL: seal_report(self._key, task, kwargs)}
+                self._app.send_task(task, kwargs=sealed, queue=CONTROL_QUEUE)
             except Exception as exc:
                 if not failing:
                     logger.warning("cannot reach the controller's queue (%s); retrying", exc)

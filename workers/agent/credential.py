@@ -6,6 +6,10 @@ A host enrols once: with a one-time join token an operator made, the agent asks 
 ``<data dir>/node_credential`` (mode 0600); later starts use that file and ignore the join token.
 Delete the file to enrol again (after a revocation, with a new join token). Without either, the
 shared ``TRAINYARD_NODE_TOKEN`` is used: the opt-in of a single-machine console (``bin/run``).
+
+Enrolment also hands the agent the console's public command key (kept in
+``<data dir>/console_key``): the agent runs only commands sealed with it (workers/signing.py).
+An agent that did not enrol is given the key by its config (``--console-key``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ import os
 import time
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from workers.agent.config import AgentConfig
+from workers.signing import load_public_key
 
 logger = logging.getLogger(__name__)
 
 CREDENTIAL_FILE = "node_credential"
+CONSOLE_URL_FILE = "console_url"
+CONSOLE_KEY_FILE = "console_key"
 ENROL_PATH = "/api/v1/nodes/enroll/"
 ENROL_TIMEOUT_SECONDS = 30.0
 ENROL_PATIENCE_SECONDS = 120.0  # an agent started with its console (compose) waits for it this long
@@ -43,7 +52,11 @@ def resolve_credential(config: AgentConfig) -> str:
             logger.info("node %s is already enrolled (%s); the join token is not used", config.name, path)
         return stored
     if config.join_token:
-        secret = enrol(config.console_url, config.name, config.join_token, ENROL_PATIENCE_SECONDS)
+        secret, command_key = enrol(
+            config.console_url, config.name, config.join_token, ENROL_PATIENCE_SECONDS
+        )
+        if command_key:
+            store_credential(config.data_dir / CONSOLE_KEY_FILE, command_key)
         store_credential(path, secret)
         logger.info("node %s enrolled; its credential is in %s", config.name, path)
         return secret
@@ -56,8 +69,40 @@ def resolve_credential(config: AgentConfig) -> str:
     )
 
 
-def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -> str:
-    """Trades the join token for the node's own secret. A console that cannot be reached or
+def resolve_console_url(config: AgentConfig) -> str:
+    """The console's web address this agent uses (enrolment, code bundles): ``--console``, which
+    is remembered in ``<data dir>/console_url``, or the one remembered from an earlier start ("":
+    none known; bundles then come from the URL the console names itself)."""
+    path = config.data_dir / CONSOLE_URL_FILE
+    if config.console_url:
+        url = config.console_url.rstrip("/")
+        if not path.is_file() or path.read_text().strip() != url:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(url + "\n")
+            os.replace(partial, path)
+        return url
+    return path.read_text().strip() if path.is_file() else ""
+
+
+def resolve_console_key(config: AgentConfig) -> Ed25519PublicKey:
+    """The console's public command key: from the config, else the one learnt at enrolment."""
+    path = config.data_dir / CONSOLE_KEY_FILE
+    text = config.console_key or (path.read_text().strip() if path.is_file() else "")
+    if not text:
+        raise CredentialError(
+            f"node {config.name} does not know the console's command key, so it would refuse every "
+            f"command: give it with --console-key KEY (TRAINYARD_CONSOLE_KEY; `manage.py commandkey` "
+            f"on the console prints it), or enrol again with a join token (delete {path.parent / CREDENTIAL_FILE})"
+        )
+    try:
+        return load_public_key(text)
+    except ValueError as exc:
+        raise CredentialError(f"the console key given to node {config.name} is unusable: {exc}") from None
+
+
+def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -> tuple[str, str]:
+    """Trades the join token for the node's own secret and the console's command key. A console that cannot be reached or
     answers 5xx (still starting, say) is asked again for up to ``patience`` seconds; a refusal
     is final."""
     import requests
@@ -91,7 +136,7 @@ def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -
         raise CredentialError(
             f"enrolment refused by {url} (HTTP {response.status_code}): {detail or response.text[:200]}"
         )
-    return str(body["secret"])
+    return str(body["secret"]), str(body.get("command_key") or "")
 
 
 def store_credential(path: Path, secret: str) -> None:

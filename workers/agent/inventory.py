@@ -3,27 +3,16 @@ heartbeats. GPUs come from NVML (nvidia-ml-py); a host without an NVIDIA driver 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from typing import Any
 
 import psutil
 
+from workers.agent.network import Reach
 from workers.protocol import PROTOCOL_VERSION, GpuInfo, GpuLoad, NodeInfo, NodeLoad
 
 AGENT_VERSION = "0.2.0"
-
-
-def primary_address() -> str:
-    # Connecting a UDP socket sends nothing; it only asks the kernel which source address
-    # routes towards a public destination, which is the address peers can reach.
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect(("192.0.2.1", 9))
-        address: str = sock.getsockname()[0]
-        if address and not address.startswith("0."):
-            return address
-    return "127.0.0.1"
 
 
 def _nvml() -> Any | None:
@@ -83,11 +72,13 @@ def torch_version() -> str:
         return ""
 
 
-def node_info(address: str, slots: int) -> NodeInfo:
+def node_info(reach: Reach, slots: int, dns_warning: str = "") -> NodeInfo:
+    """The host as the controller sees it; ``reach`` from workers/agent/network.py's detect."""
     cpus = os.cpu_count() or 1
-    return NodeInfo(
+    info = NodeInfo(
         hostname=socket.gethostname(),
-        address=address or primary_address(),
+        address=reach.address,
+        interface=reach.interface,
         cpus=cpus,
         memory_bytes=int(psutil.virtual_memory().total),
         slots=slots or cpus,
@@ -96,6 +87,9 @@ def node_info(address: str, slots: int) -> NodeInfo:
         agent_version=AGENT_VERSION,
         protocol=PROTOCOL_VERSION,
     )
+    if dns_warning:
+        info["dns_warning"] = dns_warning
+    return info
 
 
 def node_load() -> NodeLoad:

@@ -27,6 +27,8 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 from workers import protocol
 from workers.agent import runner
 from workers.agent.config import AgentConfig
+from workers.agent.environment import rank_environment
+from workers.agent.network import transport_env
 from workers.agent.warmpool import WarmPool, must_start_cold, parse_python_command, send_request, warm_request
 from workers.protocol import RoundSpec
 from workers.ps import contract as ps_contract
@@ -191,6 +193,9 @@ def rank_env(config: AgentConfig, spec: RoundSpec, local_rank: int, files: RankF
             protocol.ENV_STRATEGY: spec["strategy"],
         }
     )
+    # gloo, NCCL and TensorPipe on the interface the host registered with, not the one its host
+    # name resolves to (loopback on a default install): unless the job says otherwise.
+    env.update(transport_env(spec.get("interface", ""), spec["env"]))
     if "ps" in spec:
         env.update(ps_env(config, spec, local_rank))
     if not spec["env"].get(protocol.ENV_TENSORBOARD_DIR):
@@ -283,6 +288,8 @@ class RankHandler(SubprocessHandler):
 
     def __init__(self, command: Command, env: dict[str, str], files: RankFiles, local_rank: int) -> None:
         self._cwd = command.cwd
+        # Not torch's os.environ plus env: the agent's environment holds its secrets (environment.py).
+        self._env = rank_environment(os.environ, env)
         self.runs_python = parse_python_command(command.entrypoint, command.args) is not None
         """The process is the Python interpreter running the rank's code (under runner.py), not
         a binary or a shell that may run it as a child: see stop_signal_target."""
@@ -299,7 +306,7 @@ class RankHandler(SubprocessHandler):
     def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:  # type: ignore[type-arg]
         return subprocess.Popen(
             args=cold_command(args),
-            env=env,
+            env=self._env,
             stdout=self._stdout,
             stderr=self._stderr,
             cwd=self._cwd,
@@ -352,7 +359,7 @@ class WarmRankHandler(RankHandler):
 
     def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:  # type: ignore[type-arg]
         request = warm_request(
-            args[0], tuple(args[1:]), self._cwd, env, self._files.stdout, self._files.stderr
+            args[0], tuple(args[1:]), self._cwd, self._env, self._files.stdout, self._files.stderr
         )
         try:
             if request is None:
@@ -372,7 +379,7 @@ def start_rank(
     running interpreter cannot honour)."""
     if pool is None or pool.size == 0:
         return RankHandler(command, env, files, local_rank), "cold"
-    full_env = {**os.environ, **env}  # what SubprocessHandler will hand the process
+    full_env = rank_environment(os.environ, env)  # what RankHandler will hand the process
     eligible = warm_request(
         command.entrypoint, command.args, command.cwd, full_env, files.stdout, files.stderr
     ) is not None and not must_start_cold(full_env, pool.start_env)
@@ -395,6 +402,15 @@ class TransientDownloadError(Exception):
     answered 5xx or 429."""
 
 
+def bundle_url(config: AgentConfig, bundle: protocol.BundleRef) -> str:
+    """Where the agent fetches a bundle: at the console URL it enrolled with when it has one (the
+    console's own TRAINYARD_PUBLIC_URL may be an address only the console's host reaches), else
+    the URL the console sent."""
+    if config.console_url:
+        return config.console_url.rstrip("/") + protocol.BUNDLE_PATH.format(sha256=bundle["sha256"].lower())
+    return bundle["url"]
+
+
 def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
     """Downloads, verifies and extracts the round's code bundle, cached by sha256. A transient
     failure is tried again (DOWNLOAD_ATTEMPTS in all, backing off from DOWNLOAD_BACKOFF_SECONDS),
@@ -414,7 +430,7 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
         archive = Path(tmp) / "bundle"
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
-                digest = download(bundle["url"], config.token, archive)
+                digest = download(bundle_url(config, bundle), config.token, archive)
                 break
             except TransientDownloadError as exc:
                 if attempt == DOWNLOAD_ATTEMPTS:

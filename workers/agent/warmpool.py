@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from workers.agent.environment import inherited
+
 logger = logging.getLogger(__name__)
 
 LAUNCH_SIGNAL = signal.SIGWINCH
@@ -249,7 +251,8 @@ class WarmPool:
     def for_agent(
         cls, size: int, session_marker: tuple[str, str], watcher: Watcher, data_dir: Path
     ) -> WarmPool:
-        env = os.environ.copy()
+        # What a cold rank inherits (environment.py): never the agent's secrets, not even idle.
+        env = inherited(os.environ)
         env[session_marker[0]] = session_marker[1]
         # As a cold rank would get by default; a rank that asks for more threads gets them at launch.
         env.setdefault("OMP_NUM_THREADS", "1")

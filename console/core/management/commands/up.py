@@ -26,6 +26,7 @@ from io import StringIO
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management import call_command, get_commands
@@ -35,6 +36,7 @@ from django.db import connections
 from console.core.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
+    broker_url_file,
     database_url,
     port_open,
     redis_server_binary,
@@ -42,6 +44,7 @@ from console.core.embedded import (
 )
 from console.core.env import secret
 from console.core.supervisor import ChildSpec, GaveUp, Supervisor
+from console.core.transport import command_signer
 
 # The agent stops its rank processes on SIGTERM (they get their own grace period), so it is
 # given the longest; PostgreSQL's fast shutdown (SIGINT) rolls back open transactions.
@@ -256,6 +259,9 @@ class Console:
         sup.env["TRAINYARD_NODE_TOKEN"] = settings.NODE_TOKEN or secret(
             "TRAINYARD_NODE_TOKEN", self.home / "node_token"
         )
+        # Its agent runs only commands sealed with the console's key: it gets the public half
+        # from config, as it does not enrol (console/core/transport.py, workers/signing.py).
+        sup.env["TRAINYARD_CONSOLE_KEY"] = command_signer().public_key
         sup.start(
             ChildSpec(
                 "web",
@@ -302,8 +308,7 @@ class Console:
                         "workers.agent",
                         "--name",
                         "local",
-                        "--broker",
-                        sup.env["REDIS_URL"],
+                        # The broker URL (with its password) goes by environment (REDIS_URL).
                         "--data-dir",
                         str(self.home / "agent"),
                         *([] if self.warm_pool is None else ["--warm-pool", str(self.warm_pool)]),
@@ -336,12 +341,21 @@ class Console:
             self.out.write(login)
         broker = sup.env["REDIS_URL"]
         token = node_token_source(self.home)
-        sup.say(f"broker: {broker}")
+        url_file = broker_url_file(self.home) if not os.environ.get("REDIS_URL") else None
+        sup.say(
+            f"broker: {without_password(broker)}"
+            + (f" (its URL with the password: {url_file})" if url_file else "")
+        )
         sup.say(f"node token: {token}")
         token_env = (
             f"TRAINYARD_NODE_TOKEN=$(cat {shlex.quote(token)})"
             if token.startswith("/")
             else "TRAINYARD_NODE_TOKEN=..."
+        )
+        broker_env = (
+            f"TRAINYARD_BROKER_URL=$(cat {shlex.quote(str(url_file))})"
+            if url_file
+            else "TRAINYARD_BROKER_URL=..."
         )
         agent = [
             sys.executable,
@@ -349,14 +363,13 @@ class Console:
             "workers.agent",
             "--name",
             "agent-2",
-            "--broker",
-            broker,
             "--data-dir",
             str(self.home / "agent-2"),
             "--checkpoint-root",
             str(self.home / "checkpoints"),
         ]
-        sup.say(f"another agent on this machine:\n  {token_env} {shlex.join(agent)}")
+        key_env = f"TRAINYARD_CONSOLE_KEY={sup.env['TRAINYARD_CONSOLE_KEY']}"
+        sup.say(f"another agent on this machine:\n  {token_env} {key_env} {broker_env} {shlex.join(agent)}")
         # Another host gets its own credential: the shared token stays on this machine.
         host = [
             "python",
@@ -364,16 +377,25 @@ class Console:
             "workers.agent",
             "--name",
             "HOST",
-            "--broker",
-            "redis://THIS-HOST:PORT/0",
             "--console",
             f"http://THIS-HOST:{self.port}",
         ]
         sup.say(
             "another host: make a join token (admin > Join tokens, or POST /api/v1/nodes/join-tokens/), "
-            f"then on that host:\n  TRAINYARD_JOIN_TOKEN=... {shlex.join(host)}"
+            "then on that host (the broker's password from the URL file above):\n  "
+            f"TRAINYARD_JOIN_TOKEN=... TRAINYARD_BROKER_URL=redis://:PASSWORD@THIS-HOST:PORT/0 {shlex.join(host)}"
         )
         sup.say(f"Trainyard console: http://127.0.0.1:{self.port}/  (Ctrl-C stops everything)")
+
+
+def without_password(url: str) -> str:
+    """``url`` as it may be shown: its password replaced by ***."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def node_token_source(home: Path) -> str:
