@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cluster', '0003_node_credentials'),
+        ('cluster', '0004_node_interface'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
