@@ -41,9 +41,9 @@ def three_node_job(decide: Decide) -> Any:
 
 
 def ping_expired(name: str, settings: Any) -> None:
-    Node.objects.filter(name=name).update(
-        pinged_at=timezone.now() - timedelta(seconds=settings.PING_DEADLINE + 0.1)
-    )
+    """``name`` was pinged just past the deadline ago, and last heard from before that."""
+    pinged = timezone.now() - timedelta(seconds=settings.PING_DEADLINE + 0.1)
+    Node.objects.filter(name=name).update(pinged_at=pinged, last_heartbeat=pinged - timedelta(seconds=0.5))
 
 
 def test_a_host_silent_after_a_peers_collective_broke_is_lost_at_the_ping_deadline(
