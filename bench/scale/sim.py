@@ -28,6 +28,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from workers import protocol
+from workers.signing import SEAL, report_key, seal_report
 
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -152,11 +153,15 @@ class Simulator:
             return
         pipe = client.pipeline(transaction=False)
         for task, kwargs in messages:
-            pipe.lpush(protocol.CONTROL_QUEUE, celery_message(task, kwargs, protocol.CONTROL_QUEUE))
+            # Sealed with the node's credential as workers/agent/control.py does (the console
+            # checks the seal, workers/signing.py).
+            key = report_key(self.agents[kwargs["node"]].token)
+            sealed = {**kwargs, SEAL: seal_report(key, task, kwargs)}
+            pipe.lpush(protocol.CONTROL_QUEUE, celery_message(task, sealed, protocol.CONTROL_QUEUE))
         await pipe.execute()
 
     def _base(self, agent: SimAgent) -> dict[str, Any]:
-        return {"token": agent.token, "node": agent.name, "session": agent.session}
+        return {"node": agent.name, "session": agent.session}
 
     def _heartbeat(self, agent: SimAgent) -> tuple[str, dict[str, Any]]:
         agent.seq += 1
