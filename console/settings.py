@@ -198,6 +198,16 @@ DB_WAIT_SECONDS = envfloat("TRAINYARD_DB_WAIT_SECONDS", 15.0)
 HEARTBEAT_INTERVAL = envfloat("TRAINYARD_HEARTBEAT_INTERVAL", 2.0)
 HEARTBEAT_MISSES = envint("TRAINYARD_HEARTBEAT_MISSES", 3, minimum=1)
 CONTROLLER_TICK = envfloat("TRAINYARD_CONTROLLER_TICK", 1.0)
+# A peer's broken collective makes the other hosts of its round suspects: each is asked for a
+# heartbeat at once and declared LOST when none comes within PING_DEADLINE seconds, not after
+# HEARTBEAT_MISSES intervals (console/cluster/watch.py).
+PING_DEADLINE = envfloat("TRAINYARD_PING_DEADLINE", 1.5)
+# Pre-flight network checks (console/cluster/network.py): on enrolment (against up to
+# PREFLIGHT_PEERS nodes), before a job's first round on nodes never checked together, on demand.
+PREFLIGHT = envbool("TRAINYARD_PREFLIGHT", True)
+PREFLIGHT_DEADLINE = envfloat("TRAINYARD_PREFLIGHT_DEADLINE", 10.0)
+PREFLIGHT_PEERS = envint("TRAINYARD_PREFLIGHT_PEERS", 16, minimum=1)
+PREFLIGHT_BANDWIDTH_BYTES = envint("TRAINYARD_PREFLIGHT_BANDWIDTH_BYTES", 4 << 20, minimum=1)
 # An in-place round (console/jobs/inplace.py) not re-formed within this many seconds restarts.
 INPLACE_FORM_TIMEOUT = envfloat("TRAINYARD_INPLACE_FORM_TIMEOUT", 20.0)
 # A rank failure or node loss of an in-place job plans an in-place round (the survivors carry

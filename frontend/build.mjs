@@ -25,7 +25,7 @@ export function sourceDigest() {
 }
 
 const banner = `/* trainyard frontend; uplot ${uplot.version}; sources ${sourceDigest()} */`;
-const pages = ["job", "dashboard", "node", "submit", "apidocs", "compare", "sweep", "sweepform", "joblist"];
+const pages = ["job", "dashboard", "node", "submit", "apidocs", "compare", "sweep", "sweepform", "joblist", "network"];
 
 await esbuild.build({
   entryPoints: pages.map((p) => join(src, `${p}.js`)),

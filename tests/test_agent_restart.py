@@ -20,7 +20,8 @@ INFO: protocol.NodeInfo = {
     "slots": 2,
     "gpus": [],
     "torch_version": "2.13.0",
-    "agent_version": "0.1.0",
+    "agent_version": "0.2.0",
+    "protocol": protocol.PROTOCOL_VERSION,
 }
 LOAD: protocol.NodeLoad = {"cpu_percent": 10.0, "memory_percent": 20.0, "gpus": []}
 

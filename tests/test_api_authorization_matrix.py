@@ -116,6 +116,12 @@ POST   /api/v1/nodes/join-tokens/          401 403 201 201  403 403 201 201  401
 *      /api/v1/nodes/join-tokens/          401 403 405 405  403 403 405 405  401 401 401
 POST   /api/v1/nodes/enroll/               400 400 400 400  400 400 400 400  400 400 400
 *      /api/v1/nodes/enroll/               405 405 405 405  405 405 405 405  405 405 405
+GET    /api/v1/nodes/network/              401 200 200 200  200 403 403 403  401 401 401
+POST   /api/v1/nodes/network/              401 403 202 202  403 403 202 403  401 401 401
+*      /api/v1/nodes/network/              401 403 405 405  403 403 405 403  401 401 401
+GET    /api/v1/nodes/{node}/check-network/ 401 405 405 405  405 403 403 403  401 401 401
+POST   /api/v1/nodes/{node}/check-network/ 401 403 202 202  403 403 202 403  401 401 401
+*      /api/v1/nodes/{node}/check-network/ 401 403 405 405  403 403 405 403  401 401 401
 GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 403  401 401 401
 *      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 403  401 401 401
 GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 403  401 401 401

@@ -19,7 +19,8 @@ INFO: protocol.NodeInfo = {
     "slots": 2,
     "gpus": [],
     "torch_version": "2.13.0",
-    "agent_version": "0.1.0",
+    "agent_version": "0.2.0",
+    "protocol": protocol.PROTOCOL_VERSION,
 }
 
 
@@ -30,7 +31,7 @@ def test_an_elastic_job_grows_onto_a_node_that_registers(decide: Decide) -> None
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
 
     registered = decide(registry.register_node, "b", "session-1", INFO)
-    assert registered.sent() == [(protocol.AGENT_SYNC, "node.b", {"rounds": []}), TICK]
+    assert registered.rounds_sent() == [(protocol.AGENT_SYNC, "node.b", {"rounds": []}), TICK]
     assert registered.kinds() == ["node.registered"]
 
     grown = decide(scheduler.tick)

@@ -40,7 +40,8 @@ INFO: protocol.NodeInfo = {
     "slots": 4,
     "gpus": [],
     "torch_version": "2.13.0",
-    "agent_version": "0.1.0",
+    "agent_version": "0.2.0",
+    "protocol": protocol.PROTOCOL_VERSION,
 }
 
 

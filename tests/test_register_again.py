@@ -26,7 +26,8 @@ INFO: protocol.NodeInfo = {
     "slots": 2,
     "gpus": [],
     "torch_version": "2.13.0",
-    "agent_version": "0.1.0",
+    "agent_version": "0.2.0",
+    "protocol": protocol.PROTOCOL_VERSION,
 }
 NAMES = ("ghost", "a", "off", "gone")
 

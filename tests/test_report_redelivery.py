@@ -88,7 +88,8 @@ def test_redelivered_registration_and_offline_reports_change_nothing_twice(decid
         "slots": 4,
         "gpus": [{"index": 0, "name": "NVIDIA A100", "uuid": "GPU-1", "memory_bytes": 1 << 34}],
         "torch_version": "2.13.0",
-        "agent_version": "0.1.0",
+        "agent_version": "0.2.0",
+        "protocol": protocol.PROTOCOL_VERSION,
     }
     registered = decide(report, cluster_tasks.register, node="n", session="s", info=info)
     again = decide(report, cluster_tasks.register, node="n", session="s", info=info)

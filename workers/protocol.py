@@ -77,6 +77,61 @@ CONTROL_HANG_REPORTED = "trainyard.control.hang_reported"
 progress for longer than the job's hang threshold (workers/agent/hang.py), or the controller
 asked (AGENT_COLLECT_STACKS): every local rank's stacks. Sent once per stall."""
 
+PROTOCOL_VERSION = 2
+"""The wire contract's version, sent in NodeInfo. 2: pre-flight network checks (AGENT_PREFLIGHT,
+CONTROL_PREFLIGHT) and the version itself. A console refuses a registration below
+MIN_PROTOCOL_VERSION (AGENT_REFUSED): the agent must be upgraded."""
+MIN_PROTOCOL_VERSION = 2
+
+AGENT_PREFLIGHT = "trainyard.agent.preflight"
+"""kwargs: ``request`` (PreflightRequest). Listen on ``listen_port`` at the node's address until
+every peer has probed it (or ``deadline`` passes), probe every peer (TCP reach, latency,
+bandwidth), the console URL and DNS, then answer CONTROL_PREFLIGHT. Runs beside the node's other
+work (workers/agent/preflight.py)."""
+
+CONTROL_PREFLIGHT = "trainyard.control.preflight"
+"""kwargs: token, node, check_id, result (PreflightResult)."""
+
+AGENT_REFUSED = "trainyard.agent.refused"
+"""kwargs: ``reason`` (text). The console refused this agent's registration (it speaks an older
+protocol than the console needs): the agent logs the reason and stops."""
+
+
+class PreflightPeer(TypedDict):
+    node: str
+    address: str
+    port: int  # where its pre-flight listener is (a port of the round range)
+
+
+class PreflightRequest(TypedDict):
+    check_id: int
+    listen_port: int
+    peers: list[PreflightPeer]
+    console_url: str  # the console's own idea of its URL; the agent prefers the one it enrolled at
+    deadline: float  # seconds the whole check may take on this host
+    bandwidth_bytes: int  # sent to each peer to time the bandwidth
+
+
+class PeerResult(TypedDict):
+    node: str
+    ok: bool
+    latency_ms: float | None  # median of a few 1-byte round trips
+    bandwidth_mbps: float | None  # megabits per second, bandwidth_bytes sent and acknowledged
+    error: str
+
+
+class PreflightResult(TypedDict):
+    listening: bool  # its own listener was up (else its peers' failures to reach it say nothing)
+    listen_error: str
+    console_ok: bool
+    console_ms: float | None
+    console_error: str
+    dns_ms: float | None  # forward look-up of the console's host name
+    reverse_dns_ms: float | None  # reverse look-up of its own address (c10d's store does one per client)
+    dns_error: str
+    peers: list[PeerResult]
+    seconds: float  # how long the check took on this host
+
 
 class IllegalMove(Exception):
     """A move its machine's table does not list."""
@@ -328,6 +383,7 @@ class NodeInfo(TypedDict):
     gpus: list[GpuInfo]
     torch_version: str
     agent_version: str
+    protocol: NotRequired[int]  # PROTOCOL_VERSION; agents before it sent none (version 1)
 
 
 class GpuLoad(TypedDict):

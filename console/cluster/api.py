@@ -15,8 +15,8 @@ from rest_framework.views import APIView
 from console.api import lockout
 from console.api.models import ApiToken, Scope
 from console.api.views import token_name_field
-from console.cluster import actions, tokens
-from console.cluster.models import Gpu, JoinToken, Node
+from console.cluster import actions, network, tokens
+from console.cluster.models import Gpu, JoinToken, NetworkCheck, Node, NodeLink
 from console.core.models import AuditEntry
 from console.core.roles import is_operator
 from console.core.transport import command_signer
@@ -55,12 +55,61 @@ class NodeSerializer(serializers.ModelSerializer):
             "cpu_percent",
             "memory_percent",
             "agent_version",
+            "agent_protocol",
             "torch_version",
             "last_heartbeat",
             "registered_at",
             "gpus",
         ]
         read_only_fields = fields
+
+
+RECENT_CHECKS = 20
+
+
+class NetworkCheckSerializer(serializers.ModelSerializer):
+    done = serializers.BooleanField(read_only=True)
+    silent = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = NetworkCheck
+        fields = [
+            "id",
+            "reason",
+            "created_at",
+            "deadline_at",
+            "finished_at",
+            "done",
+            "nodes",
+            "silent",
+            "results",
+        ]
+        read_only_fields = fields
+
+
+class NodeLinkSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="source.name", read_only=True, help_text="The node that probed")
+    peer = serializers.CharField(source="target.name", read_only=True, help_text="The node it probed")
+    check_id = serializers.IntegerField(source="check_run_id", read_only=True)
+
+    class Meta:
+        model = NodeLink
+        fields = ["node", "peer", "ok", "latency_ms", "bandwidth_mbps", "error", "checked_at", "check_id"]
+        read_only_fields = fields
+
+
+class NetworkViewSerializer(serializers.Serializer):
+    links = NodeLinkSerializer(many=True)
+    checks = NetworkCheckSerializer(many=True)
+
+
+class NetworkCheckRequestSerializer(serializers.Serializer):
+    nodes = serializers.ListField(
+        child=serializers.SlugField(max_length=64),
+        required=False,
+        max_length=1000,
+        help_text="Node names to check together; every node that is up when left out.",
+    )
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -74,6 +123,56 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def drain(self, request: Request, pk: str) -> Response:
         node = actions.drain_node(self.get_object().pk, request.user)
         return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses={202: NetworkCheckSerializer})
+    @action(detail=True, methods=["post"], url_path="check-network")
+    def check_network(self, request: Request, pk: str) -> Response:
+        """A pre-flight network check of this node against every other node that is up."""
+        node = self.get_object()
+        check = network.request_check(
+            [node, *(n for n in network.online_nodes() if n.pk != node.pk)],
+            NetworkCheck.Reason.OPERATOR,
+            hub=node,
+            user=request.user,
+        )
+        AuditEntry.record(request.user, "node.network_checked", node, check=check.pk)
+        return Response(NetworkCheckSerializer(check).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=NetworkCheckRequestSerializer,
+        responses={200: NetworkViewSerializer, 202: NetworkCheckSerializer},
+    )
+    @action(detail=False, methods=["get", "post"])
+    def network(self, request: Request) -> Response:
+        """GET: every node pair's latest pre-flight result and the recent checks (``?check=ID``:
+        that one only). POST ``{"nodes": [names]}`` (default: every node that is up): check them."""
+        if request.method == "POST":
+            given = NetworkCheckRequestSerializer(data=request.data)
+            given.is_valid(raise_exception=True)
+            names = given.validated_data.get("nodes") or None
+            nodes = network.online_nodes(names)
+            if names:
+                unknown = sorted(set(names) - {n.name for n in nodes})
+                if unknown:
+                    raise serializers.ValidationError(
+                        {"nodes": [f"not known or not up: {', '.join(unknown)}"]}
+                    )
+            check = network.request_check(nodes, NetworkCheck.Reason.OPERATOR, user=request.user)
+            AuditEntry.record(request.user, "node.network_checked", None, check=check.pk, nodes=check.nodes)
+            return Response(NetworkCheckSerializer(check).data, status=status.HTTP_202_ACCEPTED)
+        checks = NetworkCheck.objects.all()
+        wanted = request.query_params.get("check")
+        if wanted is not None:
+            if not wanted.isdigit():
+                raise serializers.ValidationError({"check": ["a check id (a number)"]})
+            checks = checks.filter(pk=int(wanted))
+        links = NodeLink.objects.select_related("source", "target")
+        return Response(
+            {
+                "links": NodeLinkSerializer(links, many=True).data,
+                "checks": NetworkCheckSerializer(checks[:RECENT_CHECKS], many=True).data,
+            }
+        )
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])

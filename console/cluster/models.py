@@ -35,6 +35,12 @@ class Node(models.Model):
     agent_session = models.CharField(
         max_length=64, blank=True, help_text="Changes each time the agent starts"
     )
+    agent_protocol = models.PositiveSmallIntegerField(
+        default=0, help_text="workers.protocol.PROTOCOL_VERSION"
+    )
+    # A peer's broken collective made this node a suspect: the controller asked it for a heartbeat
+    # then (console/cluster/watch.py's suspect) and declares it LOST if none comes by PING_DEADLINE.
+    pinged_at = models.DateTimeField(null=True, blank=True)
     # Set by an admin (GPU model, zone, anything): node pools and jobs' node selectors match them.
     labels = models.JSONField(default=dict, blank=True)
 
@@ -140,3 +146,60 @@ class NodeCredential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_name} ({self.prefix}…){' revoked' if self.revoked else ''}"
+
+
+class NetworkCheck(models.Model):
+    """One pre-flight network check over a set of nodes (console/cluster/network.py): each
+    node's agent probed the others and answered with its ``PreflightResult`` (``results``, by
+    node name). Why it ran: a node enrolled, a job's first round on nodes not checked together,
+    or an operator asked."""
+
+    class Reason(models.TextChoices):
+        ENROLMENT = "enrolment"
+        FIRST_ROUND = "first_round"
+        OPERATOR = "operator"
+
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    deadline_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    nodes = models.JSONField(default=list, help_text="Node names checked")
+    ports = models.JSONField(default=dict, help_text="Node name → its listen port (rounds avoid them)")
+    results = models.JSONField(default=dict, help_text="Node name → its PreflightResult")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def silent(self) -> list[str]:
+        """Nodes that have not answered (yet)."""
+        return [n for n in self.nodes if n not in self.results]
+
+
+class NodeLink(models.Model):
+    """The latest word on one direction of a node pair: ``source`` probed ``target``'s listener
+    in a pre-flight check. A pair whose link fails in either direction keeps jobs off it
+    (console/jobs/planning.py reads ``network.bad_pairs``)."""
+
+    source = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links_out")
+    target = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links_in")
+    check_run = models.ForeignKey(NetworkCheck, on_delete=models.CASCADE, related_name="links")
+    ok = models.BooleanField()
+    latency_ms = models.FloatField(null=True, blank=True)
+    bandwidth_mbps = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["source__name", "target__name"]
+        constraints = [models.UniqueConstraint(fields=["source", "target"], name="node_link_unique_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.source} → {self.target}: {'ok' if self.ok else 'failed'}"

@@ -14,12 +14,13 @@ import logging
 import math
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from limits import RateLimitItemPerSecond
 from limits.storage import storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
-from console.cluster import hooks
+from console.cluster import hooks, network
 from console.cluster.models import Gpu, Node
 from console.cluster.watch import node_gone
 from console.core import events
@@ -32,7 +33,12 @@ from workers import protocol
 log = logging.getLogger(__name__)
 
 
-def register_node(node_name: str, session: str, info: protocol.NodeInfo) -> Node:
+def register_node(node_name: str, session: str, info: protocol.NodeInfo) -> Node | None:
+    """Register (or re-register) the agent of ``node_name``; None when its protocol is refused."""
+    spoken = int(info.get("protocol", 1))
+    if spoken < protocol.MIN_PROTOCOL_VERSION:
+        refuse(node_name, spoken, str(info.get("agent_version", "")))
+        return None
     with decision():
         node = Node.objects.select_for_update().filter(name=node_name).first()
         created = node is None
@@ -49,6 +55,7 @@ def register_node(node_name: str, session: str, info: protocol.NodeInfo) -> Node
         if created:
             message = f"Node {node.name} registered ({node.cpus} CPUs, {gpus} GPUs)"
             events.emit("node.registered", message, node=node)
+            network.check_enrolled(node)
         elif was != node.state:
             events.emit("node.online", f"Node {node.name} is back ({was} → ONLINE)", node=node)
         elif restarted:
@@ -79,8 +86,27 @@ def _update_inventory(node: Node, session: str, info: protocol.NodeInfo) -> None
     node.slots = int(info.get("slots", node.cpus))
     node.torch_version = str(info.get("torch_version", ""))[:32]
     node.agent_version = str(info.get("agent_version", ""))[:32]
+    node.agent_protocol = int(info.get("protocol", 1))
     node.agent_session = session
     node.last_heartbeat = timezone.now()
+
+
+def refuse(node_name: str, spoken: int, version: str) -> None:
+    """An agent speaking an older protocol than this console needs: it is told why and stops
+    (workers/agent/app.py); the node stays as it was (a known node's jobs go on without it when
+    its heartbeats stop)."""
+    if not _register_again_limiter().hit(register_again_window(), "refused", node_name):
+        return
+    reason = (
+        f"agent {version or '(unknown version)'} on {node_name} speaks protocol {spoken}; this console "
+        f"needs protocol {protocol.MIN_PROTOCOL_VERSION} or newer: upgrade the agent (docs/deploy.md, "
+        "Upgrading agents)"
+    )
+    log.warning("refused a registration: %s", reason)
+    with transaction.atomic():
+        node = Node.objects.filter(name=node_name).first()
+        events.emit("node.refused", f"Refused: {reason}", node=node, severity=Severity.ERROR)
+        send_on_commit(protocol.AGENT_REFUSED, protocol.node_queue(node_name), reason=reason)
 
 
 def _upsert_gpus(node: Node, info: protocol.NodeInfo) -> int:
@@ -119,7 +145,11 @@ def heartbeat(
         ask_to_register(node_name, f"the console shows this node {node.state}")
     _record_load(node, load)
     if node.state == NodeState.LOST:
-        _back_from_lost(node)
+        stale = [r for r in rounds if not protocol.RoundState(r["state"]).is_final]
+        if stale:
+            _fence(node, stale)
+        else:
+            _back_from_lost(node)
     events.node_changed(node)
     hooks.rounds_reported.send(hooks.RoundsReported(node, rounds))
 
@@ -128,14 +158,34 @@ def _record_load(node: Node, load: protocol.NodeLoad) -> None:
     node.last_heartbeat = timezone.now()
     node.cpu_percent = float(load.get("cpu_percent", 0.0))
     node.memory_percent = float(load.get("memory_percent", 0.0))
+    # Any heartbeat answers a ping (watch.suspect): the node is alive.
     Node.objects.filter(pk=node.pk).update(
-        last_heartbeat=node.last_heartbeat, cpu_percent=node.cpu_percent, memory_percent=node.memory_percent
+        last_heartbeat=node.last_heartbeat,
+        cpu_percent=node.cpu_percent,
+        memory_percent=node.memory_percent,
+        pinged_at=None,
     )
     for gpu in load.get("gpus", []):
         Gpu.objects.filter(node=node, index=int(gpu["index"])).update(
             utilization=float(gpu.get("utilization", 0.0)),
             memory_used_bytes=int(gpu.get("memory_used_bytes", 0)),
         )
+
+
+def _fence(node: Node, stale: list[protocol.RoundStatus]) -> None:
+    """A LOST node is back (a cut link restored) with ranks of rounds that went on without it:
+    it stays LOST, takes no work, until its agent has stopped them (AGENT_SYNC lists what it
+    should run: nothing) and a heartbeat shows none live."""
+    rounds = ", ".join(f"job {r['job_id']} round {r['round']}" for r in stale)
+    log.info("node %s is back with stale ranks (%s): stopping them before it takes work", node.name, rounds)
+    with decision():
+        events.emit(
+            "node.fencing",
+            f"Node {node.name} is back; stopping its stale ranks ({rounds}) before it takes work",
+            node=node,
+            severity=Severity.WARNING,
+        )
+        sync_node(node)
 
 
 def _back_from_lost(node: Node) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import shared_task
 
-from console.cluster import registry
+from console.cluster import network, registry
 from console.cluster.tokens import agent_authorised
 from console.core.retry import ControllerTask
 from workers import protocol
@@ -32,3 +32,9 @@ def heartbeat(**message: Any) -> None:
 def node_offline(**message: Any) -> None:
     if agent_authorised(protocol.CONTROL_OFFLINE, message):
         registry.node_offline(message["node"], message["session"])
+
+
+@shared_task(name=protocol.CONTROL_PREFLIGHT, base=ControllerTask, ignore_result=True)
+def preflight(**message: Any) -> None:
+    if agent_authorised(protocol.CONTROL_PREFLIGHT, message):
+        network.record_result(message["node"], int(message["check_id"]), message["result"])

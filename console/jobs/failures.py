@@ -21,11 +21,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.cluster.models import Node
+from console.cluster.watch import suspect
 from console.core import events
 from console.core.decision import decision
 from console.core.events import Severity
 from console.core.states import AllocationState, JobState, NodeState, RoundPhase, RoundReason
-from console.core.transport import send_on_commit
 from console.jobs.backoff import PastRound, false_starts, launch_failures_in_a_row, launch_kind, restart_delay
 from console.jobs.inplace import fall_back
 from console.jobs.membership import change_membership
@@ -72,9 +72,9 @@ def record_failure(job: Job, alloc: Allocation, exit: protocol.RankExit, now: da
         cause["launch"] = kind
     rnd.failure = cause
     rnd.save(update_fields=["failure", *rnd.set_state(RoundPhase.SETTLING, at=now)])
-    for node in unproven(rnd):
-        # Its next heartbeat is the proof of life the settlement waits for: ask for it now.
-        send_on_commit(protocol.AGENT_HEARTBEAT_NOW, node.queue)
+    # Its next heartbeat is the proof of life the settlement waits for: ask for it now, and a
+    # host that does not answer within PING_DEADLINE is declared lost (it may be the cause).
+    suspect(unproven(rnd))
     if kind:
         events.emit(
             "round.launch_failed",

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from console.cluster.models import Node
+from console.cluster.watch import ALIVE, suspect
 from console.core import events
 from console.core.decision import decision
 from console.core.events import Severity
@@ -40,6 +42,11 @@ def record_status(job: Job, alloc: Allocation, status: protocol.RoundStatus) -> 
         # failure (failures.settle_failure takes this as its proof of life).
         alloc.inplace = reported
         alloc.save(update_fields=["inplace"])
+        if rnd.state != RoundPhase.SETTLING:  # (settling: failures.record_failure pinged them)
+            # Its broken collective is evidence against the round's other hosts that have not
+            # said they wait too: each is pinged, and lost if it does not answer (watch.suspect).
+            others = rnd.allocations.exclude(pk=alloc.pk).exclude(inplace=InplaceStatus.WAITING)
+            suspect(Node.objects.filter(pk__in=others.values("node_id"), state__in=ALIVE))
         return False
     if rnd.state != RoundPhase.FORMING or reported is None:
         return False

@@ -186,16 +186,6 @@ def plan_workers(
     )
 
 
-def fill(members: Sequence[NodeView], candidates: Sequence[NodeView], target: int) -> list[NodeView]:
-    """``members`` plus ``candidates`` in order until there are ``target``."""
-    grown = list(members)
-    for node in candidates:
-        if len(grown) >= target:
-            break
-        grown.append(node)
-    return grown
-
-
 def choose(
     snap: Snapshot, reason: RoundReason, *, leaving: int | None = None, target: int | None = None
 ) -> list[NodeView] | None:
@@ -204,8 +194,8 @@ def choose(
     node count a preemption shrinks to."""
     job = snap.job
     if reason in (RoundReason.START, RoundReason.RESUME):
-        fitting = snap.fitting()
-        return fitting[: job.desired_nodes] if len(fitting) >= job.min_nodes else None
+        placeable = snap.placeable()
+        return placeable[: job.desired_nodes] if len(placeable) >= job.min_nodes else None
     if reason in (RoundReason.RESTART, RoundReason.FALLBACK):
         return snap.members() or None
     if reason is RoundReason.PREEMPTION:
@@ -217,7 +207,7 @@ def choose(
     if reason is RoundReason.DRAIN:
         return survivors if job.elastic and len(survivors) >= job.min_nodes else None
     if reason is RoundReason.NODE_LOSS:
-        refilled = fill(survivors, snap.free_fitting(leaving), job.desired_nodes)
+        refilled = snap.fill(survivors, snap.free_fitting(leaving), job.desired_nodes)
         return refilled if len(refilled) >= job.min_nodes else []
     if reason is RoundReason.RESIZE and job.parameter_server and len(survivors) >= job.min_nodes:
         # Only the PS count is resized by a new round (workers change in place): same nodes.
@@ -226,7 +216,7 @@ def choose(
     if len(survivors) > job.desired_nodes:
         keep = survivors[: job.desired_nodes]
     else:
-        keep = fill(survivors, snap.free_fitting(), job.desired_nodes)
+        keep = snap.fill(survivors, snap.free_fitting(), job.desired_nodes)
     if [n.id for n in keep] == list(job.members) or len(keep) < job.min_nodes:
         return None
     return keep

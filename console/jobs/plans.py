@@ -9,8 +9,8 @@ where the listeners go; console/jobs/rounds.py applies it. The pages read the sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from console.core.states import RoundReason
@@ -193,6 +193,31 @@ class Snapshot:
 
     job: JobView
     nodes: Mapping[int, NodeView]
+    # Node pairs whose pre-flight network check failed (console/cluster/network.py), with what
+    # failed: a new round never puts both nodes of such a pair in one job.
+    failed_pairs: Mapping[frozenset[int], str] = field(default_factory=dict)
+
+    def reaches(self, node: NodeView, others: Iterable[NodeView]) -> bool:
+        """No failed network check between ``node`` and any of ``others``."""
+        return not any(frozenset((node.id, o.id)) in self.failed_pairs for o in others if o.id != node.id)
+
+    def fill(
+        self, members: Sequence[NodeView], candidates: Sequence[NodeView], target: int
+    ) -> list[NodeView]:
+        """``members`` plus those ``candidates``, in order, that reach every node taken so far,
+        until there are ``target``."""
+        grown = list(members)
+        for node in candidates:
+            if len(grown) >= target:
+                break
+            if self.reaches(node, grown):
+                grown.append(node)
+        return grown
+
+    def placeable(self) -> list[NodeView]:
+        """The fitting nodes, by name, less those a failed network check keeps apart from the
+        ones before them (a greedy pick: the largest set whose pairs all reach each other)."""
+        return self.fill([], self.fitting(), len(self.nodes))
 
     def fits(self, node: NodeView) -> bool:
         """``node`` takes work and has room for one node's share of the job."""
@@ -221,8 +246,13 @@ class Snapshot:
         return [n for n in self.fitting() if n.id not in taken]
 
     def shortfall(self) -> int:
-        """How many more fitting nodes a PENDING job needs before it can be placed."""
-        return max(0, self.job.min_nodes - len(self.fitting()))
+        """How many more fitting nodes (that reach each other) a PENDING job needs before it can be placed."""
+        return max(0, self.job.min_nodes - len(self.placeable()))
+
+    def apart(self) -> list[str]:
+        """What failed between the fitting nodes (pre-flight checks), one line per pair."""
+        fitting = {n.id for n in self.fitting()}
+        return [why for pair, why in self.failed_pairs.items() if pair <= fitting]
 
     def after(self, other: JobView, plan: Plan) -> Snapshot:
         """This snapshot once ``other``'s ``plan`` has been applied: what ``other`` held is free

@@ -13,7 +13,8 @@ no job waits for room, within their workspace's quota and borrowing limit.
 
 from __future__ import annotations
 
-from console.cluster.watch import detect_lost_nodes
+from console.cluster import network
+from console.cluster.watch import detect_lost_nodes, detect_silent_suspects
 from console.core.decision import decision
 from console.core.states import JobState, RoundReason
 from console.jobs import quotas
@@ -21,7 +22,7 @@ from console.jobs.failures import settle_failed_rounds
 from console.jobs.hangs import conclude_gathered
 from console.jobs.inplace import check_forming_rounds
 from console.jobs.membership import change_membership
-from console.jobs.models import Job
+from console.jobs.models import Allocation, Job
 from console.jobs.node_changes import progress_drains
 from console.jobs.planning import Plan, Snapshot, needs_growth, preemption_victims
 from console.jobs.progress import settle_finished
@@ -41,7 +42,9 @@ def tick() -> None:
     hangs whose stacks are gathered, drains, pending jobs, growth; the progress of jobs that just ended (their last telemetry
     arrives after they did)."""
     detect_lost_nodes()
+    detect_silent_suspects()
     settle_failed_rounds()
+    network.expire_checks()
     check_forming_rounds()
     conclude_gathered()
     progress_drains()
@@ -85,6 +88,11 @@ def schedule(shrink: bool = True) -> None:
             plan = change_membership(job, reason, snap=snap)
             queue.placed(ask, _units(snap, plan) if plan is not None else 0)
             reasons[ask.job_id] = ""
+            if reason is RoundReason.START and job.round_number:
+                # A pair of its nodes never checked together is checked now (pairs that fail
+                # keep its later rounds, and other jobs, off them).
+                placed = Allocation.objects.filter(round__job=job, round__number=job.round_number)
+                network.check_unchecked(list(placed.values_list("node_id", flat=True)))
         for job_id, head in queue.behind.items():
             where = f"{head.workspace}'s queue" if ledger.enforced(head.pool) else "the queue"
             reasons[job_id] = f"Waits behind #{head.job_id} {head.name} in {where}"

@@ -17,6 +17,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from console.cluster.models import Gpu, Node
+from console.cluster.network import failed_pairs, recent_check_ports
 from console.core.states import AllocationState, JobState, NodeState
 from console.jobs.models import Allocation, Job, Round
 from console.jobs.plans import Hold, JobView, NodeView, Process, Snapshot
@@ -149,7 +150,7 @@ def recent_ports() -> dict[int, set[int]]:
     within PORT_REUSE_AFTER or still lives, and the coordinator, PS and dense stores there."""
     since = timezone.now() - PORT_REUSE_AFTER
     lately = Allocation.objects.filter(Q(round__created_at__gte=since) | Q(pk__in=live_allocations()))
-    ports: dict[int, set[int]] = {}
+    ports: dict[int, set[int]] = recent_check_ports()
     for node_id, node_rank, master_port, processes in lately.values_list(
         "node_id", "node_rank", "round__master_port", "processes"
     ):
@@ -163,4 +164,4 @@ def recent_ports() -> dict[int, set[int]]:
 
 def snapshot(job: Job, view: JobView | None = None) -> Snapshot:
     """``job`` (its ``view`` when the caller has built it) and every node, as one decision sees them."""
-    return Snapshot(view if view is not None else job_view(job), node_views(exclude_job=job))
+    return Snapshot(view if view is not None else job_view(job), node_views(exclude_job=job), failed_pairs())

@@ -14,11 +14,10 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
+from console.cluster.network import PORT_RANGE
 from console.jobs.planning import NodeView, Plan, Process, Snapshot, WorkerPlan
 
-# Listen ports: below Linux's ephemeral range (32768+) so outgoing connections never hold a
-# port handed to a listener.
-PORT_RANGE = (20000, 32000)
+__all__ = ["PORT_RANGE", "dense_group", "pick_port", "wire", "wire_workers"]
 
 
 def pick_port(node: NodeView, taken: Collection[int], rng: random.Random) -> int:

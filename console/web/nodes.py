@@ -13,7 +13,8 @@ from typing import Any
 
 from django.db.models import F
 
-from console.cluster.models import Node
+from console.cluster.models import NetworkCheck, Node, NodeLink
+from console.cluster.network import failed_pairs, latest_check_of, links_of
 from console.core.states import JobState
 from console.jobs.models import Allocation, AllocationState, Job
 from console.jobs.planning import Snapshot
@@ -45,6 +46,7 @@ def pending_queue(user: Any = None) -> list[QueueEntry]:
     if not jobs:
         return []
     nodes = node_views()
+    apart = failed_pairs()
     attach_current_rounds(jobs)
     last_pending = {
         e.job_id: e.message
@@ -55,9 +57,15 @@ def pending_queue(user: Any = None) -> list[QueueEntry]:
     entries = []
     blocked_by: Job | None = None
     for position, job in enumerate(jobs, start=1):
-        view = Snapshot(job_view(job, job.current_round_cached), nodes)  # type: ignore[attr-defined]
+        view = Snapshot(job_view(job, job.current_round_cached), nodes, apart)  # type: ignore[attr-defined]
         fitting = len(view.fitting())
-        if view.shortfall():
+        if view.shortfall() and fitting >= job.min_nodes:
+            why = (
+                f"Needs {job.min_nodes} node(s) that reach each other; {fitting} have room, but the "
+                f"network check failed between some of them: {'; '.join(view.apart())}."
+            )
+            blocked_by = blocked_by or job
+        elif view.shortfall():
             why = (
                 f"Needs {job.min_nodes} node(s) with {view.job.needs()} each; "
                 f"{fitting} {'has' if fitting == 1 else 'have'} room now."
@@ -92,11 +100,30 @@ def node_context(node: Node) -> dict[str, Any]:
         :HISTORY_SHOWN
     ]
     gpus = list(node.gpus.all())
+    check = latest_check_of(node)
     return {
+        "links": links_of(node),
+        "hosts": [{"node": node.name, "check": check, "result": check.results[node.name]}] if check else [],
         "node": node,
         "gpus": gpus,
         "holding": holding,
         "history": history,
         "slots_used": sum(a.nproc for a in holding if not a.gpu_indices),
         "gpus_used": sorted({i for a in holding for i in a.gpu_indices}),
+    }
+
+
+def network_context() -> dict[str, Any]:
+    """The cluster network view: every link's latest word, each node's latest answer, recent checks."""
+    links = list(NodeLink.objects.select_related("source", "target"))
+    latest: dict[str, NetworkCheck] = {}
+    for check in NetworkCheck.objects.filter(finished_at__isnull=False)[:200]:
+        for name in check.results:
+            latest.setdefault(name, check)
+    hosts = [{"node": name, "check": c, "result": c.results[name]} for name, c in sorted(latest.items())]
+    return {
+        "links": links,
+        "failed_count": sum(1 for link in links if not link.ok),
+        "hosts": hosts,
+        "checks": list(NetworkCheck.objects.all()[:20]),
     }

@@ -14,6 +14,7 @@ urlpatterns = [
     path("nodes/", views.node_list, name="node_list"),
     path("alerts/", alerts_page, name="alerts_page"),
     path("quotas/", quotas_page, name="quotas"),
+    path("network/", views.network_view, name="network_view"),
     path("nodes/<slug:name>/", views.node_detail, name="node_detail"),
     # A page (it sends anonymous users to the login form), so not under /api/, where every
     # endpoint answers machines with 401/403.

@@ -21,14 +21,14 @@ from console.jobs.failures import launch_reason
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy, job_summary
 from console.jobs.parameter_server import role_rows
 from console.jobs.queries import DEFAULT_SORT, SORTS, filter_jobs, job_ordering
-from console.telemetry import goodput_data
 from console.teams import access
 from console.teams.models import Role, Workspace
+from console.telemetry import goodput_data
 from console.telemetry.api import log_line_json
 from console.telemetry.events import event_payload, node_payload
 from console.telemetry.models import Event, LogLine
 from console.web.job_page import page_config
-from console.web.nodes import node_context, pending_queue
+from console.web.nodes import network_context, node_context, pending_queue
 from console.web.quotas import quota_rows
 from console.web.trackers import tracker_links
 
@@ -282,6 +282,15 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
         request,
         "web/node_detail.html",
         {**node_context(node), "node_actions": is_operator(request.user), "nav": "nodes"},
+    )
+
+
+@login_required
+def network_view(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "web/network.html",
+        {**network_context(), "node_actions": is_operator(request.user), "nav": "nodes"},
     )
 
 

@@ -1,9 +1,10 @@
 // Node page: GPUs with live utilisation and memory, CPU and memory load, heartbeat age, the
-// rounds it holds; drain / undrain (with confirmation) for operators. Live from /ws/cluster/,
+// rounds it holds; drain / undrain (with confirmation) and a network check for operators. Live from /ws/cluster/,
 // polling /live/ otherwise; the rounds section is fetched again when jobs change.
 import { apiRequest, getJSON } from "./api.js";
 import { subscribe } from "./live.js";
 import { age, formatBytes, setBadge } from "./format.js";
+import { wireCheckButton } from "./netcheck.js";
 
 const root = document.getElementById("node-page");
 const nodeId = Number(root.dataset.nodeId);
@@ -113,3 +114,7 @@ for (const button of document.querySelectorAll("[data-node-action]")) {
     }
   });
 }
+
+// A pre-flight network check of this node against the others; the Network card is re-rendered
+// with the results once it is done.
+wireCheckButton($("check-network-button"), $("network-message"), ["node-network"]);

@@ -190,11 +190,14 @@ def cluster(transactional_db: None, tmp_path: Path, request: pytest.FixtureReque
     controller = Controller(
         url,
         tmp_path / "controller",
-        TRAINYARD_HEARTBEAT_INTERVAL=str(HEARTBEAT),
-        # Generous on a loaded 2-core machine: a busy agent must not look lost.
-        TRAINYARD_HEARTBEAT_MISSES="5",
-        TRAINYARD_CONTROLLER_TICK="0.5",
-        **getattr(request.module, "CONTROLLER_ENV", {}),
+        **{
+            "TRAINYARD_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+            # Generous on a loaded 2-core machine: a busy agent must not look lost.
+            "TRAINYARD_HEARTBEAT_MISSES": "5",
+            "TRAINYARD_PING_DEADLINE": "3",
+            "TRAINYARD_CONTROLLER_TICK": "0.5",
+            **getattr(request.module, "CONTROLLER_ENV", {}),
+        },
     )
     agents = AgentProcs(tmp_path, url, token=settings.NODE_TOKEN)
     controller.start()

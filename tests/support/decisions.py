@@ -48,6 +48,10 @@ class Decided:
     def sent(self) -> list[tuple[str, str, dict[str, Any]]]:
         return [(c.name, c.queue, c.kwargs) for c in self.commands]
 
+    def rounds_sent(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """What was sent but pre-flight network checks (console/cluster/network.py)."""
+        return [s for s in self.sent() if s[0] != protocol.AGENT_PREFLIGHT]
+
     def to_agents(self) -> list[tuple[str, str, dict[str, Any]]]:
         """Commands to node queues only (not the controller's own tick requests)."""
         return [s for s in self.sent() if s[1].startswith("node.")]

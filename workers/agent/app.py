@@ -12,6 +12,8 @@ round gracefully, send CONTROL_OFFLINE, flush telemetry.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import threading
 import uuid
@@ -22,7 +24,7 @@ from typing import Any
 from celery import Celery
 
 from workers import protocol
-from workers.agent import network
+from workers.agent import network, preflight
 from workers.agent.config import AgentConfig
 from workers.agent.control import ControlClient
 from workers.agent.credential import (
@@ -37,7 +39,7 @@ from workers.agent.reaper import ENV_AGENT_SESSION, ReaperClient
 from workers.agent.shipper import TelemetryShipper
 from workers.agent.supervisor import DEFAULT_GRACE_PERIOD_SECONDS, StartRound, StopJob, Supervisor, Sync
 from workers.agent.warmpool import WarmPool
-from workers.protocol import RoundSpec
+from workers.protocol import PreflightRequest, RoundSpec
 from workers.signing import CommandVerifier, report_key
 
 logger = logging.getLogger("workers.agent")
@@ -46,6 +48,7 @@ SHUTDOWN_MARGIN_SECONDS = 15.0
 CONTROL_FLUSH_SECONDS = 10.0
 EXIT_NO_CREDENTIAL = 3  # not restarted with hope: the operator must enrol the node
 EXIT_BAD_ADDRESS = 4  # --address names a host that does not resolve
+EXIT_REFUSED = 5  # the console refused this agent's protocol: upgrade it
 
 
 def make_celery_app(config: AgentConfig) -> Celery:
@@ -79,6 +82,8 @@ def register_tasks(
     heartbeat_now: Callable[[], None],
     verifier: CommandVerifier,
     watcher: HangWatcher | None = None,
+    preflight: Callable[[PreflightRequest], None] = lambda request: None,
+    refused: Callable[[str], None] = lambda reason: None,
 ) -> None:
     """Every command runs only once its seal verifies (workers/signing.py); a refusal is logged."""
 
@@ -124,6 +129,36 @@ def register_tasks(
     def collect_stacks(**kwargs: Any) -> None:
         if verified(protocol.AGENT_COLLECT_STACKS, kwargs) and watcher is not None:
             watcher.collect(int(kwargs["job_id"]), int(kwargs["round"]), str(kwargs.get("reason") or ""))
+
+    @app.task(name=protocol.AGENT_PREFLIGHT, ignore_result=True)
+    def run_preflight(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_PREFLIGHT, kwargs):
+            preflight(kwargs["request"])
+
+    @app.task(name=protocol.AGENT_REFUSED, ignore_result=True)
+    def registration_refused(**kwargs: Any) -> None:
+        if verified(protocol.AGENT_REFUSED, kwargs):
+            refused(str(kwargs.get("reason") or ""))
+
+
+def preflight_runner(
+    control: ControlClient, address: str, console_url: str
+) -> Callable[[PreflightRequest], None]:
+    """Runs each check in a thread of its own (it waits on peers: the node queue must not) and
+    answers CONTROL_PREFLIGHT."""
+
+    def run(request: PreflightRequest) -> None:
+        def check() -> None:
+            try:
+                result = preflight.run_check(request, address, console_url)
+            except Exception:
+                logger.exception("pre-flight check %s failed", request.get("check_id"))
+                return
+            control.send(protocol.CONTROL_PREFLIGHT, check_id=int(request["check_id"]), result=result)
+
+        threading.Thread(target=check, name=f"preflight-{request.get('check_id')}", daemon=True).start()
+
+    return run
 
 
 def purge_node_queue(app: Celery, name: str) -> int:
@@ -196,8 +231,16 @@ def run_agent(config: AgentConfig) -> int:
     def register() -> None:
         control.send(protocol.CONTROL_REGISTER, info=node_info(reach, config.slots, dns_warning))
 
+    refusal: list[str] = []
+
+    def refused(reason: str) -> None:
+        logger.error("the console refused this agent: %s", reason or "no reason given")
+        refusal.append(reason)
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, then the clean exit below
+
     watcher = HangWatcher(supervisor.watched, shipper, control.send)
-    register_tasks(app, supervisor, register, heartbeat.poke, verifier, watcher)
+    runner = preflight_runner(control, reach.address, config.console_url)
+    register_tasks(app, supervisor, register, heartbeat.poke, verifier, watcher, runner, refused)
     shipper.resume_unshipped(config.rounds_dir)  # what a previous, killed agent left unsent
     shipper.start()
     supervisor.start()
@@ -244,4 +287,4 @@ def run_agent(config: AgentConfig) -> int:
         control.close(timeout=CONTROL_FLUSH_SECONDS)
         shipper.stop()
         reaper.close()
-    return 0
+    return EXIT_REFUSED if refusal else 0

@@ -10,9 +10,9 @@ from typing import Any
 import psutil
 
 from workers.agent.network import Reach
-from workers.protocol import GpuInfo, GpuLoad, NodeInfo, NodeLoad
+from workers.protocol import PROTOCOL_VERSION, GpuInfo, GpuLoad, NodeInfo, NodeLoad
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
 
 
 def _nvml() -> Any | None:
@@ -85,6 +85,7 @@ def node_info(reach: Reach, slots: int, dns_warning: str = "") -> NodeInfo:
         gpus=gpu_inventory(),
         torch_version=torch_version(),
         agent_version=AGENT_VERSION,
+        protocol=PROTOCOL_VERSION,
     )
     if dns_warning:
         info["dns_warning"] = dns_warning

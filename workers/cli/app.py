@@ -5,7 +5,7 @@ options they share. See workers/cli/__init__.py for an overview."""
 
 from __future__ import annotations
 
-from workers.cli import account, experiments, jobs, nodes, submit, watch  # noqa: F401  (each registers its commands)
+from workers.cli import account, experiments, jobs, network, nodes, submit, watch  # noqa: F401  (each registers its commands)
 from workers.cli.account import token_from_password
 from workers.cli.base import app
 from workers.cli.submit import load_spec
