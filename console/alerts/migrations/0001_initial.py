@@ -6,121 +6,256 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('jobs', '0008_round_state_constraints'),
-        ('telemetry', '0003_metric_without_db_foreign_key'),
+        ("jobs", "0008_round_state_constraints"),
+        ("telemetry", "0003_metric_without_db_foreign_key"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Alert',
+            name="Alert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=200)),
-                ('subject', models.CharField(blank=True, help_text='The job or node it is about', max_length=200)),
-                ('state', models.CharField(choices=[('sent', 'Sent'), ('suppressed', 'Suppressed')], max_length=16)),
-                ('severity', models.CharField(default='warning', max_length=8)),
-                ('title', models.CharField(max_length=300)),
-                ('payload', models.JSONField(default=dict)),
-                ('happened_at', models.DateTimeField(help_text='When what it reports happened')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('event', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='telemetry.event')),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=200)),
+                (
+                    "subject",
+                    models.CharField(blank=True, help_text="The job or node it is about", max_length=200),
+                ),
+                (
+                    "state",
+                    models.CharField(choices=[("sent", "Sent"), ("suppressed", "Suppressed")], max_length=16),
+                ),
+                ("severity", models.CharField(default="warning", max_length=8)),
+                ("title", models.CharField(max_length=300)),
+                ("payload", models.JSONField(default=dict)),
+                ("happened_at", models.DateTimeField(help_text="When what it reports happened")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "event",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="telemetry.event",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='Channel',
+            name="Channel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('kind', models.CharField(choices=[('webhook', 'webhook (signed JSON)'), ('slack', 'Slack-compatible webhook'), ('email', 'e-mail')], max_length=16)),
-                ('url', models.URLField(blank=True, max_length=1000)),
-                ('secret', models.CharField(blank=True, max_length=100)),
-                ('email', models.EmailField(blank=True, max_length=254)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alert_channels', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("webhook", "webhook (signed JSON)"),
+                            ("slack", "Slack-compatible webhook"),
+                            ("email", "e-mail"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("url", models.URLField(blank=True, max_length=1000)),
+                ("secret", models.CharField(blank=True, max_length=100)),
+                ("email", models.EmailField(blank=True, max_length=254)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="alert_channels",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Delivery',
+            name="Delivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('sent', 'Sent'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField(db_index=True)),
-                ('claimed_until', models.DateTimeField(blank=True, null=True)),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
-                ('alert', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='alerts.alert')),
-                ('channel', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='alerts.channel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("sent", "Sent"), ("failed", "Failed")],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField(db_index=True)),
+                ("claimed_until", models.DateTimeField(blank=True, null=True)),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "alert",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="alerts.alert",
+                    ),
+                ),
+                (
+                    "channel",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="alerts.channel",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True)),
-                ('ok', models.BooleanField()),
-                ('status_code', models.PositiveIntegerField(blank=True, null=True)),
-                ('error', models.CharField(blank=True, max_length=500)),
-                ('duration_ms', models.FloatField(default=0.0)),
-                ('delivery', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempt_log', to='alerts.delivery')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True)),
+                ("ok", models.BooleanField()),
+                ("status_code", models.PositiveIntegerField(blank=True, null=True)),
+                ("error", models.CharField(blank=True, max_length=500)),
+                ("duration_ms", models.FloatField(default=0.0)),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempt_log",
+                        to="alerts.delivery",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Rule',
+            name="Rule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('kind', models.CharField(choices=[('event', 'an event of these kinds'), ('metric', 'a metric crosses a threshold'), ('goodput', 'goodput below a share over a window')], max_length=16)),
-                ('event_kinds', models.JSONField(blank=True, default=list)),
-                ('metric', models.CharField(blank=True, max_length=128)),
-                ('above', models.BooleanField(default=True)),
-                ('threshold', models.FloatField(blank=True, null=True)),
-                ('window_seconds', models.PositiveIntegerField(default=600)),
-                ('scope', models.CharField(choices=[('mine', 'my jobs'), ('all', 'every job and node')], default='mine', max_length=8)),
-                ('cooldown_seconds', models.PositiveIntegerField(default=0)),
-                ('max_per_hour', models.PositiveIntegerField(default=30)),
-                ('enabled', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('channels', models.ManyToManyField(related_name='rules', to='alerts.channel')),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='jobs.job')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alert_rules', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("event", "an event of these kinds"),
+                            ("metric", "a metric crosses a threshold"),
+                            ("goodput", "goodput below a share over a window"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("event_kinds", models.JSONField(blank=True, default=list)),
+                ("metric", models.CharField(blank=True, max_length=128)),
+                ("above", models.BooleanField(default=True)),
+                ("threshold", models.FloatField(blank=True, null=True)),
+                ("window_seconds", models.PositiveIntegerField(default=600)),
+                (
+                    "scope",
+                    models.CharField(
+                        choices=[("mine", "my jobs"), ("all", "every job and node")],
+                        default="mine",
+                        max_length=8,
+                    ),
+                ),
+                ("cooldown_seconds", models.PositiveIntegerField(default=0)),
+                ("max_per_hour", models.PositiveIntegerField(default=30)),
+                ("enabled", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("channels", models.ManyToManyField(related_name="rules", to="alerts.channel")),
+                (
+                    "job",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="alert_rules",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.AddField(
-            model_name='alert',
-            name='rule',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='alerts.rule'),
+            model_name="alert",
+            name="rule",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="alerts", to="alerts.rule"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='channel',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('email__gt', ''), ('kind', 'email')), models.Q(models.Q(('kind', 'email'), _negated=True), ('url__gt', '')), _connector='OR'), name='alert_channel_has_target'),
+            model_name="channel",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("email__gt", ""), ("kind", "email")),
+                    models.Q(models.Q(("kind", "email"), _negated=True), ("url__gt", "")),
+                    _connector="OR",
+                ),
+                name="alert_channel_has_target",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='delivery',
-            constraint=models.UniqueConstraint(fields=('alert', 'channel'), name='delivery_once_per_channel'),
+            model_name="delivery",
+            constraint=models.UniqueConstraint(fields=("alert", "channel"), name="delivery_once_per_channel"),
         ),
         migrations.AddConstraint(
-            model_name='alert',
-            constraint=models.UniqueConstraint(fields=('rule', 'key'), name='alert_once_per_rule_and_key'),
+            model_name="alert",
+            constraint=models.UniqueConstraint(fields=("rule", "key"), name="alert_once_per_rule_and_key"),
         ),
     ]

@@ -24,41 +24,44 @@ def keep_old_tokens_working(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('api', '0001_initial'),
+        ("api", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='expires_at',
-            field=models.DateTimeField(blank=True, help_text='Never expires when empty', null=True),
+            model_name="apitoken",
+            name="expires_at",
+            field=models.DateTimeField(blank=True, help_text="Never expires when empty", null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='last_used_address',
+            model_name="apitoken",
+            name="last_used_address",
             field=models.GenericIPAddressField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='revoked_at',
+            model_name="apitoken",
+            name="revoked_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='scopes',
+            model_name="apitoken",
+            name="scopes",
             field=models.JSONField(default=console.api.models.default_scopes),
         ),
         migrations.AlterField(
-            model_name='apitoken',
-            name='prefix',
+            model_name="apitoken",
+            name="prefix",
             field=models.CharField(db_index=True, max_length=12),
         ),
         migrations.RunPython(keep_old_tokens_working, migrations.RunPython.noop),
         migrations.AddConstraint(
-            model_name='apitoken',
-            constraint=models.UniqueConstraint(condition=models.Q(('revoked', False)), fields=('user', 'name'), name='apitoken_live_name_unique'),
+            model_name="apitoken",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("revoked", False)),
+                fields=("user", "name"),
+                name="apitoken_live_name_unique",
+            ),
         ),
     ]

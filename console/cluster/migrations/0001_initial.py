@@ -6,52 +6,96 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('hostname', models.CharField(blank=True, max_length=255)),
-                ('address', models.CharField(blank=True, help_text='Address peers reach this host at', max_length=255)),
-                ('state', models.CharField(choices=[('ONLINE', 'Online'), ('DRAINING', 'Draining'), ('DRAINED', 'Drained'), ('LOST', 'Lost'), ('OFFLINE', 'Offline')], db_index=True, default='ONLINE', max_length=16)),
-                ('cpus', models.PositiveIntegerField(default=0)),
-                ('memory_bytes', models.PositiveBigIntegerField(default=0)),
-                ('slots', models.PositiveIntegerField(default=0, help_text='CPU rank slots when a job asks for no GPUs')),
-                ('agent_version', models.CharField(blank=True, max_length=32)),
-                ('torch_version', models.CharField(blank=True, max_length=32)),
-                ('cpu_percent', models.FloatField(default=0.0)),
-                ('memory_percent', models.FloatField(default=0.0)),
-                ('registered_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_heartbeat', models.DateTimeField(blank=True, db_index=True, null=True)),
-                ('agent_session', models.CharField(blank=True, help_text='Changes each time the agent starts', max_length=64)),
-                ('labels', models.JSONField(blank=True, default=dict)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                ("hostname", models.CharField(blank=True, max_length=255)),
+                (
+                    "address",
+                    models.CharField(
+                        blank=True, help_text="Address peers reach this host at", max_length=255
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ONLINE", "Online"),
+                            ("DRAINING", "Draining"),
+                            ("DRAINED", "Drained"),
+                            ("LOST", "Lost"),
+                            ("OFFLINE", "Offline"),
+                        ],
+                        db_index=True,
+                        default="ONLINE",
+                        max_length=16,
+                    ),
+                ),
+                ("cpus", models.PositiveIntegerField(default=0)),
+                ("memory_bytes", models.PositiveBigIntegerField(default=0)),
+                (
+                    "slots",
+                    models.PositiveIntegerField(
+                        default=0, help_text="CPU rank slots when a job asks for no GPUs"
+                    ),
+                ),
+                ("agent_version", models.CharField(blank=True, max_length=32)),
+                ("torch_version", models.CharField(blank=True, max_length=32)),
+                ("cpu_percent", models.FloatField(default=0.0)),
+                ("memory_percent", models.FloatField(default=0.0)),
+                ("registered_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_heartbeat", models.DateTimeField(blank=True, db_index=True, null=True)),
+                (
+                    "agent_session",
+                    models.CharField(
+                        blank=True, help_text="Changes each time the agent starts", max_length=64
+                    ),
+                ),
+                ("labels", models.JSONField(blank=True, default=dict)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Gpu',
+            name="Gpu",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('name', models.CharField(max_length=128)),
-                ('uuid', models.CharField(blank=True, max_length=64)),
-                ('memory_bytes', models.PositiveBigIntegerField(default=0)),
-                ('utilization', models.FloatField(default=0.0)),
-                ('memory_used_bytes', models.PositiveBigIntegerField(default=0)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='cluster.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                ("name", models.CharField(max_length=128)),
+                ("uuid", models.CharField(blank=True, max_length=64)),
+                ("memory_bytes", models.PositiveBigIntegerField(default=0)),
+                ("utilization", models.FloatField(default=0.0)),
+                ("memory_used_bytes", models.PositiveBigIntegerField(default=0)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="gpus", to="cluster.node"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['node', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('node', 'index'), name='gpu_unique_index_per_node')],
+                "ordering": ["node", "index"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("node", "index"), name="gpu_unique_index_per_node")
+                ],
             },
         ),
     ]

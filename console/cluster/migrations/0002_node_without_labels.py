@@ -4,14 +4,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cluster', '0001_initial'),
+        ("cluster", "0001_initial"),
     ]
 
     operations = [
         migrations.RemoveField(
-            model_name='node',
-            name='labels',
+            model_name="node",
+            name="labels",
         ),
     ]

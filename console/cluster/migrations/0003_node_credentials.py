@@ -7,46 +7,95 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cluster', '0002_node_without_labels'),
+        ("cluster", "0002_node_without_labels"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='JoinToken',
+            name="JoinToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What it is for, e.g. the host it was made for', max_length=64)),
-                ('key_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(db_index=True, max_length=12)),
-                ('node_name', models.SlugField(blank=True, help_text='Only this node may enrol with it; any name when empty', max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField()),
-                ('used_at', models.DateTimeField(blank=True, null=True)),
-                ('used_by', models.SlugField(blank=True, help_text='The node that enrolled with it', max_length=64)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="What it is for, e.g. the host it was made for", max_length=64
+                    ),
+                ),
+                ("key_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(db_index=True, max_length=12)),
+                (
+                    "node_name",
+                    models.SlugField(
+                        blank=True,
+                        help_text="Only this node may enrol with it; any name when empty",
+                        max_length=64,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("expires_at", models.DateTimeField()),
+                ("used_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "used_by",
+                    models.SlugField(blank=True, help_text="The node that enrolled with it", max_length=64),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='NodeCredential',
+            name="NodeCredential",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_name', models.SlugField(max_length=64, unique=True)),
-                ('secret_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(max_length=12)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('revoked', models.BooleanField(default=False)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('last_refused_at', models.DateTimeField(blank=True, help_text='When a message or download with it was last refused (revoked)', null=True)),
-                ('join_token', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='cluster.jointoken')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_name", models.SlugField(max_length=64, unique=True)),
+                ("secret_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(max_length=12)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("revoked", models.BooleanField(default=False)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "last_refused_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="When a message or download with it was last refused (revoked)",
+                        null=True,
+                    ),
+                ),
+                (
+                    "join_token",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="cluster.jointoken",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['node_name'],
+                "ordering": ["node_name"],
             },
         ),
     ]

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cluster', '0003_node_credentials'),
+        ("cluster", "0003_node_credentials"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='interface',
-            field=models.CharField(blank=True, help_text="Interface holding the address: the ranks' transports use it", max_length=64),
+            model_name="node",
+            name="interface",
+            field=models.CharField(
+                blank=True,
+                help_text="Interface holding the address: the ranks' transports use it",
+                max_length=64,
+            ),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cluster', '0003_node_credentials'),
+        ("cluster", "0003_node_credentials"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='labels',
+            model_name="node",
+            name="labels",
             field=models.JSONField(blank=True, default=dict),
         ),
     ]

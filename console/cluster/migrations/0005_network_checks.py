@@ -7,56 +7,112 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cluster', '0004_node_interface'),
+        ("cluster", "0004_node_interface"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='agent_protocol',
-            field=models.PositiveSmallIntegerField(default=0, help_text='workers.protocol.PROTOCOL_VERSION'),
+            model_name="node",
+            name="agent_protocol",
+            field=models.PositiveSmallIntegerField(default=0, help_text="workers.protocol.PROTOCOL_VERSION"),
         ),
         migrations.AddField(
-            model_name='node',
-            name='pinged_at',
+            model_name="node",
+            name="pinged_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.CreateModel(
-            name='NetworkCheck',
+            name="NetworkCheck",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reason', models.CharField(choices=[('enrolment', 'Enrolment'), ('first_round', 'First Round'), ('operator', 'Operator')], max_length=16)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('deadline_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('nodes', models.JSONField(default=list, help_text='Node names checked')),
-                ('ports', models.JSONField(default=dict, help_text='Node name → its listen port (rounds avoid them)')),
-                ('results', models.JSONField(default=dict, help_text='Node name → its PreflightResult')),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "reason",
+                    models.CharField(
+                        choices=[
+                            ("enrolment", "Enrolment"),
+                            ("first_round", "First Round"),
+                            ("operator", "Operator"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("deadline_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("nodes", models.JSONField(default=list, help_text="Node names checked")),
+                (
+                    "ports",
+                    models.JSONField(
+                        default=dict, help_text="Node name → its listen port (rounds avoid them)"
+                    ),
+                ),
+                ("results", models.JSONField(default=dict, help_text="Node name → its PreflightResult")),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='NodeLink',
+            name="NodeLink",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ok', models.BooleanField()),
-                ('latency_ms', models.FloatField(blank=True, null=True)),
-                ('bandwidth_mbps', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('checked_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('check_run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='links', to='cluster.networkcheck')),
-                ('source', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='links_out', to='cluster.node')),
-                ('target', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='links_in', to='cluster.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("ok", models.BooleanField()),
+                ("latency_ms", models.FloatField(blank=True, null=True)),
+                ("bandwidth_mbps", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("checked_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "check_run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="links",
+                        to="cluster.networkcheck",
+                    ),
+                ),
+                (
+                    "source",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="links_out",
+                        to="cluster.node",
+                    ),
+                ),
+                (
+                    "target",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="links_in",
+                        to="cluster.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['source__name', 'target__name'],
-                'constraints': [models.UniqueConstraint(fields=('source', 'target'), name='node_link_unique_pair')],
+                "ordering": ["source__name", "target__name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("source", "target"), name="node_link_unique_pair")
+                ],
             },
         ),
     ]

@@ -12,48 +12,47 @@ def name_past_actors(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('core', '0002_roles'),
+        ("core", "0002_roles"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='auditentry',
-            name='actor_name',
+            model_name="auditentry",
+            name="actor_name",
             field=models.CharField(blank=True, max_length=150),
         ),
         migrations.AddField(
-            model_name='auditentry',
-            name='auth_method',
+            model_name="auditentry",
+            name="auth_method",
             field=models.CharField(blank=True, max_length=16),
         ),
         migrations.AddField(
-            model_name='auditentry',
-            name='source_address',
+            model_name="auditentry",
+            name="source_address",
             field=models.GenericIPAddressField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='auditentry',
-            name='token_prefix',
-            field=models.CharField(blank=True, help_text='The API token used, if any', max_length=12),
+            model_name="auditentry",
+            name="token_prefix",
+            field=models.CharField(blank=True, help_text="The API token used, if any", max_length=12),
         ),
         migrations.RunPython(name_past_actors, migrations.RunPython.noop),
         migrations.AddIndex(
-            model_name='auditentry',
-            index=models.Index(fields=['-at', '-id'], name='audit_recent'),
+            model_name="auditentry",
+            index=models.Index(fields=["-at", "-id"], name="audit_recent"),
         ),
         migrations.AddIndex(
-            model_name='auditentry',
-            index=models.Index(fields=['actor', '-at'], name='audit_by_actor'),
+            model_name="auditentry",
+            index=models.Index(fields=["actor", "-at"], name="audit_by_actor"),
         ),
         migrations.AddIndex(
-            model_name='auditentry',
-            index=models.Index(fields=['action', '-at'], name='audit_by_action'),
+            model_name="auditentry",
+            index=models.Index(fields=["action", "-at"], name="audit_by_action"),
         ),
         migrations.AddIndex(
-            model_name='auditentry',
-            index=models.Index(fields=['target_type', 'target_id'], name='audit_by_target'),
+            model_name="auditentry",
+            index=models.Index(fields=["target_type", "target_id"], name="audit_by_target"),
         ),
     ]

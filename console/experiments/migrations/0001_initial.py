@@ -6,76 +6,181 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('jobs', '0006_inplace_rounds'),
+        ("jobs", "0006_inplace_rounds"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Sweep',
+            name="Sweep",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('spec', models.JSONField()),
-                ('space', models.JSONField()),
-                ('sampler', models.CharField(choices=[('grid', 'Grid'), ('random', 'Random'), ('tpe', 'Tpe')], default='tpe', max_length=16)),
-                ('seed', models.IntegerField(default=0)),
-                ('objective', models.CharField(help_text='The metric the trials report', max_length=128)),
-                ('direction', models.CharField(choices=[('minimize', 'Minimize'), ('maximize', 'Maximize')], default='minimize', max_length=8)),
-                ('max_trials', models.PositiveIntegerField()),
-                ('parallel', models.PositiveIntegerField(default=1)),
-                ('pruner', models.CharField(choices=[('none', 'None'), ('median', 'Median'), ('successive_halving', 'Successive Halving')], default='none', max_length=24)),
-                ('pruner_options', models.JSONField(blank=True, default=dict)),
-                ('state', models.CharField(choices=[('RUNNING', 'Running'), ('SUCCEEDED', 'Succeeded'), ('STOPPED', 'Stopped'), ('FAILED', 'Failed')], default='RUNNING', max_length=16)),
-                ('message', models.TextField(blank=True, help_text='Why it ended')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('owner', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='sweeps', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("spec", models.JSONField()),
+                ("space", models.JSONField()),
+                (
+                    "sampler",
+                    models.CharField(
+                        choices=[("grid", "Grid"), ("random", "Random"), ("tpe", "Tpe")],
+                        default="tpe",
+                        max_length=16,
+                    ),
+                ),
+                ("seed", models.IntegerField(default=0)),
+                ("objective", models.CharField(help_text="The metric the trials report", max_length=128)),
+                (
+                    "direction",
+                    models.CharField(
+                        choices=[("minimize", "Minimize"), ("maximize", "Maximize")],
+                        default="minimize",
+                        max_length=8,
+                    ),
+                ),
+                ("max_trials", models.PositiveIntegerField()),
+                ("parallel", models.PositiveIntegerField(default=1)),
+                (
+                    "pruner",
+                    models.CharField(
+                        choices=[
+                            ("none", "None"),
+                            ("median", "Median"),
+                            ("successive_halving", "Successive Halving"),
+                        ],
+                        default="none",
+                        max_length=24,
+                    ),
+                ),
+                ("pruner_options", models.JSONField(blank=True, default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("RUNNING", "Running"),
+                            ("SUCCEEDED", "Succeeded"),
+                            ("STOPPED", "Stopped"),
+                            ("FAILED", "Failed"),
+                        ],
+                        default="RUNNING",
+                        max_length=16,
+                    ),
+                ),
+                ("message", models.TextField(blank=True, help_text="Why it ended")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="sweeps",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Trial',
+            name="Trial",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField(help_text='0, 1, 2, ... in the order they were asked for')),
-                ('params', models.JSONField(default=dict)),
-                ('state', models.CharField(choices=[('RUNNING', 'Running'), ('COMPLETE', 'Complete'), ('PRUNED', 'Pruned'), ('FAILED', 'Failed'), ('STOPPED', 'Stopped')], default='RUNNING', max_length=16)),
-                ('value', models.FloatField(blank=True, help_text='The objective: its last reported value', null=True)),
-                ('intermediate', models.JSONField(blank=True, default=dict)),
-                ('last_step', models.BigIntegerField(blank=True, help_text='The newest step reported', null=True)),
-                ('checked_step', models.BigIntegerField(blank=True, help_text='The newest step the pruner has judged', null=True)),
-                ('system_attrs', models.JSONField(blank=True, default=dict)),
-                ('message', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='trial', to='jobs.job')),
-                ('sweep', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='trials', to='experiments.sweep')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "number",
+                    models.PositiveIntegerField(help_text="0, 1, 2, ... in the order they were asked for"),
+                ),
+                ("params", models.JSONField(default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("RUNNING", "Running"),
+                            ("COMPLETE", "Complete"),
+                            ("PRUNED", "Pruned"),
+                            ("FAILED", "Failed"),
+                            ("STOPPED", "Stopped"),
+                        ],
+                        default="RUNNING",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "value",
+                    models.FloatField(
+                        blank=True, help_text="The objective: its last reported value", null=True
+                    ),
+                ),
+                ("intermediate", models.JSONField(blank=True, default=dict)),
+                (
+                    "last_step",
+                    models.BigIntegerField(blank=True, help_text="The newest step reported", null=True),
+                ),
+                (
+                    "checked_step",
+                    models.BigIntegerField(
+                        blank=True, help_text="The newest step the pruner has judged", null=True
+                    ),
+                ),
+                ("system_attrs", models.JSONField(blank=True, default=dict)),
+                ("message", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="trial",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "sweep",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="trials",
+                        to="experiments.sweep",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['sweep', 'number'],
+                "ordering": ["sweep", "number"],
             },
         ),
         migrations.AddIndex(
-            model_name='sweep',
-            index=models.Index(fields=['state', 'id'], name='sweep_by_state'),
+            model_name="sweep",
+            index=models.Index(fields=["state", "id"], name="sweep_by_state"),
         ),
         migrations.AddConstraint(
-            model_name='sweep',
-            constraint=models.CheckConstraint(condition=models.Q(('max_trials__gte', 1)), name='sweep_max_trials_positive'),
+            model_name="sweep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_trials__gte", 1)), name="sweep_max_trials_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='sweep',
-            constraint=models.CheckConstraint(condition=models.Q(('parallel__gte', 1)), name='sweep_parallel_positive'),
+            model_name="sweep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("parallel__gte", 1)), name="sweep_parallel_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='trial',
-            constraint=models.UniqueConstraint(fields=('sweep', 'number'), name='trial_unique_number_per_sweep'),
+            model_name="trial",
+            constraint=models.UniqueConstraint(
+                fields=("sweep", "number"), name="trial_unique_number_per_sweep"
+            ),
         ),
     ]

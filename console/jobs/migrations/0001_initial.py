@@ -6,176 +6,346 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cluster', '0001_initial'),
+        ("cluster", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Bundle',
+            name="Bundle",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sha256', models.CharField(max_length=64, unique=True)),
-                ('size_bytes', models.PositiveBigIntegerField()),
-                ('filename', models.CharField(blank=True, max_length=255)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("sha256", models.CharField(max_length=64, unique=True)),
+                ("size_bytes", models.PositiveBigIntegerField()),
+                ("filename", models.CharField(blank=True, max_length=255)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128)),
-                ('workload', models.CharField(blank=True, max_length=64)),
-                ('entrypoint', models.CharField(blank=True, max_length=1024)),
-                ('args', models.JSONField(blank=True, default=list)),
-                ('workdir', models.CharField(blank=True, help_text='Host path the entrypoint runs in', max_length=1024)),
-                ('min_nodes', models.PositiveIntegerField(default=1)),
-                ('max_nodes', models.PositiveIntegerField(default=1)),
-                ('desired_nodes', models.PositiveIntegerField(default=1, help_text='Node count the operator asked for')),
-                ('nproc_per_node', models.PositiveIntegerField(default=1)),
-                ('gpus_per_proc', models.PositiveIntegerField(default=0)),
-                ('strategy', models.CharField(choices=[('allreduce', 'Allreduce'), ('parameter_server', 'Parameter Server')], default='allreduce', max_length=32)),
-                ('precision', models.CharField(choices=[('fp32', 'Fp32'), ('bf16', 'Bf16'), ('fp16', 'Fp16')], default='fp32', max_length=8)),
-                ('grad_accum_steps', models.PositiveIntegerField(default=1)),
-                ('max_restarts', models.PositiveIntegerField(default=3)),
-                ('priority', models.IntegerField(default=0)),
-                ('grace_period', models.FloatField(default=30.0, help_text='Seconds between SIGTERM and SIGKILL')),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('hyperparameters', models.JSONField(blank=True, default=dict)),
-                ('state', models.CharField(choices=[('PENDING', 'Pending'), ('STARTING', 'Starting'), ('RUNNING', 'Running'), ('RESIZING', 'Resizing'), ('RESTARTING', 'Restarting'), ('SUCCEEDED', 'Succeeded'), ('FAILED', 'Failed'), ('STOPPED', 'Stopped')], db_index=True, default='PENDING', max_length=16)),
-                ('round_number', models.PositiveIntegerField(default=0, help_text='Current round; 0 before the first')),
-                ('restarts', models.PositiveIntegerField(default=0, help_text='Failure restarts used')),
-                ('progress', models.JSONField(blank=True, default=dict)),
-                ('failure', models.JSONField(blank=True, default=dict, help_text='Root cause when FAILED')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('bundle', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='jobs.bundle')),
-                ('owner', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='jobs', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=128)),
+                ("workload", models.CharField(blank=True, max_length=64)),
+                ("entrypoint", models.CharField(blank=True, max_length=1024)),
+                ("args", models.JSONField(blank=True, default=list)),
+                (
+                    "workdir",
+                    models.CharField(
+                        blank=True, help_text="Host path the entrypoint runs in", max_length=1024
+                    ),
+                ),
+                ("min_nodes", models.PositiveIntegerField(default=1)),
+                ("max_nodes", models.PositiveIntegerField(default=1)),
+                (
+                    "desired_nodes",
+                    models.PositiveIntegerField(default=1, help_text="Node count the operator asked for"),
+                ),
+                ("nproc_per_node", models.PositiveIntegerField(default=1)),
+                ("gpus_per_proc", models.PositiveIntegerField(default=0)),
+                (
+                    "strategy",
+                    models.CharField(
+                        choices=[("allreduce", "Allreduce"), ("parameter_server", "Parameter Server")],
+                        default="allreduce",
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "precision",
+                    models.CharField(
+                        choices=[("fp32", "Fp32"), ("bf16", "Bf16"), ("fp16", "Fp16")],
+                        default="fp32",
+                        max_length=8,
+                    ),
+                ),
+                ("grad_accum_steps", models.PositiveIntegerField(default=1)),
+                ("max_restarts", models.PositiveIntegerField(default=3)),
+                ("priority", models.IntegerField(default=0)),
+                (
+                    "grace_period",
+                    models.FloatField(default=30.0, help_text="Seconds between SIGTERM and SIGKILL"),
+                ),
+                ("env", models.JSONField(blank=True, default=dict)),
+                ("hyperparameters", models.JSONField(blank=True, default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("PENDING", "Pending"),
+                            ("STARTING", "Starting"),
+                            ("RUNNING", "Running"),
+                            ("RESIZING", "Resizing"),
+                            ("RESTARTING", "Restarting"),
+                            ("SUCCEEDED", "Succeeded"),
+                            ("FAILED", "Failed"),
+                            ("STOPPED", "Stopped"),
+                        ],
+                        db_index=True,
+                        default="PENDING",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "round_number",
+                    models.PositiveIntegerField(default=0, help_text="Current round; 0 before the first"),
+                ),
+                ("restarts", models.PositiveIntegerField(default=0, help_text="Failure restarts used")),
+                ("progress", models.JSONField(blank=True, default=dict)),
+                ("failure", models.JSONField(blank=True, default=dict, help_text="Root cause when FAILED")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "bundle",
+                    models.ForeignKey(
+                        blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to="jobs.bundle"
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="jobs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField()),
-                ('step', models.PositiveBigIntegerField()),
-                ('path', models.CharField(max_length=1024)),
-                ('size_bytes', models.PositiveBigIntegerField(default=0)),
-                ('blocking_ms', models.FloatField(default=0.0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField()),
+                ("step", models.PositiveBigIntegerField()),
+                ("path", models.CharField(max_length=1024)),
+                ("size_bytes", models.PositiveBigIntegerField(default=0)),
+                ("blocking_ms", models.FloatField(default=0.0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="checkpoints", to="jobs.job"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', '-step'],
+                "ordering": ["job", "-step"],
             },
         ),
         migrations.CreateModel(
-            name='Round',
+            name="Round",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('reason', models.CharField(choices=[('start', 'Start'), ('resize', 'Resize'), ('restart', 'Restart'), ('failure', 'Failure'), ('node_loss', 'Node Loss'), ('scale', 'Scale'), ('resume', 'Resume')], max_length=16)),
-                ('world_size', models.PositiveIntegerField()),
-                ('master_addr', models.CharField(max_length=255)),
-                ('master_port', models.PositiveIntegerField()),
-                ('charged', models.BooleanField(default=False, help_text='Counted against max_restarts')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('first_step_at', models.DateTimeField(blank=True, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('outcome', models.CharField(blank=True, max_length=32)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rounds', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                (
+                    "reason",
+                    models.CharField(
+                        choices=[
+                            ("start", "Start"),
+                            ("resize", "Resize"),
+                            ("restart", "Restart"),
+                            ("failure", "Failure"),
+                            ("node_loss", "Node Loss"),
+                            ("scale", "Scale"),
+                            ("resume", "Resume"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("world_size", models.PositiveIntegerField()),
+                ("master_addr", models.CharField(max_length=255)),
+                ("master_port", models.PositiveIntegerField()),
+                ("charged", models.BooleanField(default=False, help_text="Counted against max_restarts")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("first_step_at", models.DateTimeField(blank=True, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                ("outcome", models.CharField(blank=True, max_length=32)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="rounds", to="jobs.job"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', 'number'],
+                "ordering": ["job", "number"],
             },
         ),
         migrations.CreateModel(
-            name='Allocation',
+            name="Allocation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_rank', models.PositiveIntegerField()),
-                ('nproc', models.PositiveIntegerField()),
-                ('gpu_indices', models.JSONField(blank=True, default=list)),
-                ('state', models.CharField(choices=[('ASSIGNED', 'Assigned'), ('RUNNING', 'Running'), ('SUCCEEDED', 'Succeeded'), ('FAILED', 'Failed'), ('STOPPED', 'Stopped')], default='ASSIGNED', max_length=16)),
-                ('exit_info', models.JSONField(blank=True, default=dict)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='allocations', to='cluster.node')),
-                ('round', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='allocations', to='jobs.round')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_rank", models.PositiveIntegerField()),
+                ("nproc", models.PositiveIntegerField()),
+                ("gpu_indices", models.JSONField(blank=True, default=list)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ASSIGNED", "Assigned"),
+                            ("RUNNING", "Running"),
+                            ("SUCCEEDED", "Succeeded"),
+                            ("FAILED", "Failed"),
+                            ("STOPPED", "Stopped"),
+                        ],
+                        default="ASSIGNED",
+                        max_length=16,
+                    ),
+                ),
+                ("exit_info", models.JSONField(blank=True, default=dict)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="allocations",
+                        to="cluster.node",
+                    ),
+                ),
+                (
+                    "round",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="allocations",
+                        to="jobs.round",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['round', 'node_rank'],
+                "ordering": ["round", "node_rank"],
             },
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('min_nodes__gte', 1)), name='job_min_nodes_positive'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("min_nodes__gte", 1)), name="job_min_nodes_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('min_nodes__lte', models.F('max_nodes'))), name='job_min_le_max_nodes'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("min_nodes__lte", models.F("max_nodes"))), name="job_min_le_max_nodes"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('desired_nodes__gte', models.F('min_nodes')), ('desired_nodes__lte', models.F('max_nodes'))), name='job_desired_within_range'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("desired_nodes__gte", models.F("min_nodes")),
+                    ("desired_nodes__lte", models.F("max_nodes")),
+                ),
+                name="job_desired_within_range",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('nproc_per_node__gte', 1)), name='job_nproc_positive'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("nproc_per_node__gte", 1)), name="job_nproc_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('grad_accum_steps__gte', 1)), name='job_grad_accum_positive'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("grad_accum_steps__gte", 1)), name="job_grad_accum_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('grace_period__gte', 0)), name='job_grace_non_negative'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("grace_period__gte", 0)), name="job_grace_non_negative"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('workload', ''), _negated=True), models.Q(('entrypoint', ''), _negated=True), _connector='OR'), name='job_has_workload_or_entrypoint'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("workload", ""), _negated=True),
+                    models.Q(("entrypoint", ""), _negated=True),
+                    _connector="OR",
+                ),
+                name="job_has_workload_or_entrypoint",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='checkpoint',
-            constraint=models.UniqueConstraint(fields=('job', 'step', 'path'), name='checkpoint_unique'),
+            model_name="checkpoint",
+            constraint=models.UniqueConstraint(fields=("job", "step", "path"), name="checkpoint_unique"),
         ),
         migrations.AddConstraint(
-            model_name='round',
-            constraint=models.UniqueConstraint(fields=('job', 'number'), name='round_unique_number_per_job'),
+            model_name="round",
+            constraint=models.UniqueConstraint(fields=("job", "number"), name="round_unique_number_per_job"),
         ),
         migrations.AddConstraint(
-            model_name='round',
-            constraint=models.CheckConstraint(condition=models.Q(('number__gte', 1)), name='round_number_positive'),
+            model_name="round",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("number__gte", 1)), name="round_number_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='round',
-            constraint=models.CheckConstraint(condition=models.Q(('world_size__gte', 1)), name='round_world_positive'),
+            model_name="round",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("world_size__gte", 1)), name="round_world_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='round',
-            constraint=models.CheckConstraint(condition=models.Q(('master_port__gte', 1), ('master_port__lte', 65535)), name='round_port_valid'),
+            model_name="round",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("master_port__gte", 1), ("master_port__lte", 65535)),
+                name="round_port_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.UniqueConstraint(fields=('round', 'node'), name='allocation_one_per_node'),
+            model_name="allocation",
+            constraint=models.UniqueConstraint(fields=("round", "node"), name="allocation_one_per_node"),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.UniqueConstraint(fields=('round', 'node_rank'), name='allocation_unique_rank'),
+            model_name="allocation",
+            constraint=models.UniqueConstraint(fields=("round", "node_rank"), name="allocation_unique_rank"),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.CheckConstraint(condition=models.Q(('nproc__gte', 1)), name='allocation_nproc_positive'),
+            model_name="allocation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("nproc__gte", 1)), name="allocation_nproc_positive"
+            ),
         ),
     ]

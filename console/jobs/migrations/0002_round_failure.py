@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
+        ("jobs", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='round',
-            name='failed_at',
-            field=models.DateTimeField(blank=True, help_text='When its first rank failure was reported', null=True),
+            model_name="round",
+            name="failed_at",
+            field=models.DateTimeField(
+                blank=True, help_text="When its first rank failure was reported", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='round',
-            name='failure',
-            field=models.JSONField(blank=True, default=dict, help_text='The first failing rank and its error'),
+            model_name="round",
+            name="failure",
+            field=models.JSONField(
+                blank=True, default=dict, help_text="The first failing rank and its error"
+            ),
         ),
     ]

@@ -5,35 +5,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_round_reasons_and_outcomes'),
+        ("jobs", "0003_round_reasons_and_outcomes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['created_at', 'id'], name='job_by_created'),
+            model_name="job",
+            index=models.Index(fields=["created_at", "id"], name="job_by_created"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state', 'created_at', 'id'], name='job_by_state_created'),
+            model_name="job",
+            index=models.Index(fields=["state", "created_at", "id"], name="job_by_state_created"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['owner', 'created_at', 'id'], name='job_by_owner_created'),
+            model_name="job",
+            index=models.Index(fields=["owner", "created_at", "id"], name="job_by_owner_created"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['name', 'id'], name='job_by_name'),
+            model_name="job",
+            index=models.Index(fields=["name", "id"], name="job_by_name"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['name'], name='job_name_prefix', opclasses=['varchar_pattern_ops']),
+            model_name="job",
+            index=models.Index(fields=["name"], name="job_name_prefix", opclasses=["varchar_pattern_ops"]),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['priority', 'created_at', 'id'], name='job_by_priority'),
+            model_name="job",
+            index=models.Index(fields=["priority", "created_at", "id"], name="job_by_priority"),
         ),
     ]

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_job_list_indexes'),
+        ("jobs", "0004_job_list_indexes"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='allocation',
-            name='processes',
+            model_name="allocation",
+            name="processes",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='job',
-            name='roles',
+            model_name="job",
+            name="roles",
             field=models.JSONField(blank=True, default=dict),
         ),
     ]

@@ -4,35 +4,50 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0005_parameter_server_roles'),
+        ("jobs", "0005_parameter_server_roles"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='allocation',
-            name='inplace',
+            model_name="allocation",
+            name="inplace",
             field=models.CharField(blank=True, max_length=16),
         ),
         migrations.AddField(
-            model_name='job',
-            name='inplace',
-            field=models.BooleanField(default=False, help_text='Membership changes are in-place rounds'),
+            model_name="job",
+            name="inplace",
+            field=models.BooleanField(default=False, help_text="Membership changes are in-place rounds"),
         ),
         migrations.AddField(
-            model_name='round',
-            name='carry_over',
+            model_name="round",
+            name="carry_over",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='round',
-            name='formed_at',
-            field=models.DateTimeField(blank=True, help_text='When every host reported its ranks re-formed in place', null=True),
+            model_name="round",
+            name="formed_at",
+            field=models.DateTimeField(
+                blank=True, help_text="When every host reported its ranks re-formed in place", null=True
+            ),
         ),
         migrations.AlterField(
-            model_name='round',
-            name='reason',
-            field=models.CharField(choices=[('start', 'start'), ('resume', 'resume'), ('resize', 'resize'), ('autoscale', 'auto-scale'), ('preemption', 'preemption'), ('drain', 'drain'), ('restart', 'restart'), ('failure', 'failure'), ('node_loss', 'node loss'), ('fallback', 'in-place fallback')], max_length=16),
+            model_name="round",
+            name="reason",
+            field=models.CharField(
+                choices=[
+                    ("start", "start"),
+                    ("resume", "resume"),
+                    ("resize", "resize"),
+                    ("autoscale", "auto-scale"),
+                    ("preemption", "preemption"),
+                    ("drain", "drain"),
+                    ("restart", "restart"),
+                    ("failure", "failure"),
+                    ("node_loss", "node loss"),
+                    ("fallback", "in-place fallback"),
+                ],
+                max_length=16,
+            ),
         ),
     ]

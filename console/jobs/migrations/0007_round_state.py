@@ -35,9 +35,9 @@ def forwards(apps: Any, schema_editor: Any) -> None:
     starting = Round.objects.filter(state="starting")
     starting.filter(inplace=True, formed_at__isnull=True).update(state="forming")
     running = Allocation.objects.filter(state="RUNNING").values("round_id")
-    starting.filter(
-        Q(formed_at__isnull=False) | Q(first_step_at__isnull=False) | Q(pk__in=running)
-    ).update(state="running")
+    starting.filter(Q(formed_at__isnull=False) | Q(first_step_at__isnull=False) | Q(pk__in=running)).update(
+        state="running"
+    )
     Allocation.objects.filter(inplace="pending").update(inplace="forming")
 
 

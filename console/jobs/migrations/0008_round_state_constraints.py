@@ -28,7 +28,9 @@ class Migration(migrations.Migration):
             model_name="round",
             constraint=models.CheckConstraint(
                 condition=models.Q(
-                    models.Q(("state", "settling"), _negated=True), ("failed_at__isnull", False), _connector="OR"
+                    models.Q(("state", "settling"), _negated=True),
+                    ("failed_at__isnull", False),
+                    _connector="OR",
                 ),
                 name="round_settling_since_failure",
             ),
@@ -36,7 +38,9 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name="round",
             constraint=models.CheckConstraint(
-                condition=models.Q(models.Q(("state", "forming"), _negated=True), ("inplace", True), _connector="OR"),
+                condition=models.Q(
+                    models.Q(("state", "forming"), _negated=True), ("inplace", True), _connector="OR"
+                ),
                 name="round_forming_in_place",
             ),
         ),

@@ -5,70 +5,107 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0008_round_state_constraints'),
+        ("jobs", "0008_round_state_constraints"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='allocation',
-            name='rank_steps',
+            model_name="allocation",
+            name="rank_steps",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='job',
-            name='hang_policy',
+            model_name="job",
+            name="hang_policy",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.CreateModel(
-            name='Hang',
+            name="Hang",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField()),
-                ('reason', models.CharField(help_text='stall or drift', max_length=16)),
-                ('threshold_s', models.FloatField(default=0.0, help_text="The stalled ranks' threshold")),
-                ('stalled', models.JSONField(blank=True, default=list, help_text='Ranks hosts saw past their threshold')),
-                ('ranks', models.JSONField(blank=True, default=list, help_text='Ranks named at fault once concluded')),
-                ('summary', models.TextField(blank=True)),
-                ('action', models.CharField(blank=True, help_text="What the job's policy did", max_length=16)),
-                ('detected_at', models.DateTimeField()),
-                ('concluded_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='hangs', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField()),
+                ("reason", models.CharField(help_text="stall or drift", max_length=16)),
+                ("threshold_s", models.FloatField(default=0.0, help_text="The stalled ranks' threshold")),
+                (
+                    "stalled",
+                    models.JSONField(
+                        blank=True, default=list, help_text="Ranks hosts saw past their threshold"
+                    ),
+                ),
+                (
+                    "ranks",
+                    models.JSONField(
+                        blank=True, default=list, help_text="Ranks named at fault once concluded"
+                    ),
+                ),
+                ("summary", models.TextField(blank=True)),
+                (
+                    "action",
+                    models.CharField(blank=True, help_text="What the job's policy did", max_length=16),
+                ),
+                ("detected_at", models.DateTimeField()),
+                ("concluded_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="hangs", to="jobs.job"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', '-detected_at'],
+                "ordering": ["job", "-detected_at"],
             },
         ),
         migrations.CreateModel(
-            name='RankStack',
+            name="RankStack",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_name', models.CharField(max_length=128)),
-                ('rank', models.IntegerField()),
-                ('local_rank', models.IntegerField()),
-                ('pid', models.IntegerField()),
-                ('process_state', models.CharField(blank=True, max_length=32)),
-                ('step', models.BigIntegerField(blank=True, null=True)),
-                ('stalled_s', models.FloatField(default=0.0)),
-                ('cpu_percent', models.FloatField(default=0.0)),
-                ('threads', models.JSONField(blank=True, default=list, help_text='[{name, idle, frames: [{name, file, line}]}]')),
-                ('native', models.BooleanField(default=False)),
-                ('error', models.TextField(blank=True)),
-                ('flight_recorder', models.CharField(blank=True, max_length=1024)),
-                ('collected_at', models.DateTimeField()),
-                ('hang', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='stacks', to='jobs.hang')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_name", models.CharField(max_length=128)),
+                ("rank", models.IntegerField()),
+                ("local_rank", models.IntegerField()),
+                ("pid", models.IntegerField()),
+                ("process_state", models.CharField(blank=True, max_length=32)),
+                ("step", models.BigIntegerField(blank=True, null=True)),
+                ("stalled_s", models.FloatField(default=0.0)),
+                ("cpu_percent", models.FloatField(default=0.0)),
+                (
+                    "threads",
+                    models.JSONField(
+                        blank=True, default=list, help_text="[{name, idle, frames: [{name, file, line}]}]"
+                    ),
+                ),
+                ("native", models.BooleanField(default=False)),
+                ("error", models.TextField(blank=True)),
+                ("flight_recorder", models.CharField(blank=True, max_length=1024)),
+                ("collected_at", models.DateTimeField()),
+                (
+                    "hang",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="stacks", to="jobs.hang"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['hang', 'rank'],
+                "ordering": ["hang", "rank"],
             },
         ),
         migrations.AddIndex(
-            model_name='hang',
-            index=models.Index(fields=['concluded_at', 'detected_at'], name='hang_open'),
+            model_name="hang",
+            index=models.Index(fields=["concluded_at", "detected_at"], name="hang_open"),
         ),
         migrations.AddConstraint(
-            model_name='rankstack',
-            constraint=models.UniqueConstraint(fields=('hang', 'rank'), name='rank_stack_once_per_hang'),
+            model_name="rankstack",
+            constraint=models.UniqueConstraint(fields=("hang", "rank"), name="rank_stack_once_per_hang"),
         ),
     ]

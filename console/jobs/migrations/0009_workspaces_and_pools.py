@@ -18,47 +18,62 @@ def into_default_workspace(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0008_round_state_constraints'),
-        ('teams', '0001_initial'),
+        ("jobs", "0008_round_state_constraints"),
+        ("teams", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='bundle',
-            name='workspaces',
-            field=models.ManyToManyField(blank=True, related_name='bundles', to='teams.workspace'),
+            model_name="bundle",
+            name="workspaces",
+            field=models.ManyToManyField(blank=True, related_name="bundles", to="teams.workspace"),
         ),
         migrations.AddField(
-            model_name='job',
-            name='node_selector',
-            field=models.JSONField(blank=True, default=dict, help_text='Labels a node must have'),
+            model_name="job",
+            name="node_selector",
+            field=models.JSONField(blank=True, default=dict, help_text="Labels a node must have"),
         ),
         migrations.AddField(
-            model_name='job',
-            name='pool',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='teams.nodepool'),
+            model_name="job",
+            name="pool",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="teams.nodepool",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='wait_reason',
+            model_name="job",
+            name="wait_reason",
             field=models.CharField(blank=True, max_length=255),
         ),
         # Nullable first, filled from the default workspace, then required (with its default).
         migrations.AddField(
-            model_name='job',
-            name='workspace',
-            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='teams.workspace'),
+            model_name="job",
+            name="workspace",
+            field=models.ForeignKey(
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="teams.workspace",
+            ),
         ),
         migrations.RunPython(into_default_workspace, migrations.RunPython.noop),
         migrations.AlterField(
-            model_name='job',
-            name='workspace',
-            field=models.ForeignKey(default=console.teams.models.default_workspace_id, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='teams.workspace'),
+            model_name="job",
+            name="workspace",
+            field=models.ForeignKey(
+                default=console.teams.models.default_workspace_id,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="teams.workspace",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['workspace', 'state'], name='job_by_workspace_state'),
+            model_name="job",
+            index=models.Index(fields=["workspace", "state"], name="job_by_workspace_state"),
         ),
     ]

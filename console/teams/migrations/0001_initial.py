@@ -12,7 +12,6 @@ def make_default_workspace(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -21,58 +20,142 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='NodePool',
+            name="NodePool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('selector', models.JSONField(blank=True, default=dict, help_text='Labels a node must have, e.g. {"gpu": "a100"}')),
-                ('resource', models.CharField(choices=[('gpu', 'GPUs'), ('cpu', 'CPU slots')], default='gpu', max_length=8)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                (
+                    "selector",
+                    models.JSONField(
+                        blank=True, default=dict, help_text='Labels a node must have, e.g. {"gpu": "a100"}'
+                    ),
+                ),
+                (
+                    "resource",
+                    models.CharField(
+                        choices=[("gpu", "GPUs"), ("cpu", "CPU slots")], default="gpu", max_length=8
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Workspace',
+            name="Workspace",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('description', models.CharField(blank=True, max_length=255)),
-                ('weight', models.PositiveIntegerField(default=1)),
-                ('everyone', models.BooleanField(default=False, help_text='Every signed-in user is a member, with the role their site role gives')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                ("description", models.CharField(blank=True, max_length=255)),
+                ("weight", models.PositiveIntegerField(default=1)),
+                (
+                    "everyone",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Every signed-in user is a member, with the role their site role gives",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('weight__gte', 1)), name='workspace_weight_positive')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("weight__gte", 1)), name="workspace_weight_positive"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Quota',
+            name="Quota",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('nominal', models.PositiveIntegerField(default=0)),
-                ('borrowing_limit', models.PositiveIntegerField(blank=True, help_text='At most this much over nominal; no limit when empty', null=True)),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='quotas', to='teams.nodepool')),
-                ('workspace', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='quotas', to='teams.workspace')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("nominal", models.PositiveIntegerField(default=0)),
+                (
+                    "borrowing_limit",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="At most this much over nominal; no limit when empty", null=True
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="quotas",
+                        to="teams.nodepool",
+                    ),
+                ),
+                (
+                    "workspace",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="quotas",
+                        to="teams.workspace",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['pool', 'workspace'],
-                'constraints': [models.UniqueConstraint(fields=('workspace', 'pool'), name='quota_one_per_pool')],
+                "ordering": ["pool", "workspace"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("workspace", "pool"), name="quota_one_per_pool")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('viewer', 'viewer'), ('editor', 'editor'), ('admin', 'workspace admin')], default='viewer', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
-                ('workspace', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='teams.workspace')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("viewer", "viewer"), ("editor", "editor"), ("admin", "workspace admin")],
+                        default="viewer",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "workspace",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="teams.workspace",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['workspace', 'user'],
-                'constraints': [models.UniqueConstraint(fields=('workspace', 'user'), name='membership_one_per_user')],
+                "ordering": ["workspace", "user"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("workspace", "user"), name="membership_one_per_user")
+                ],
             },
         ),
         migrations.RunPython(make_default_workspace, migrations.RunPython.noop),

@@ -5,66 +5,123 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cluster', '0001_initial'),
-        ('jobs', '0001_initial'),
+        ("cluster", "0001_initial"),
+        ("jobs", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField(blank=True, null=True)),
-                ('kind', models.CharField(db_index=True, max_length=64)),
-                ('severity', models.CharField(choices=[('info', 'Info'), ('warning', 'Warning'), ('error', 'Error')], default='info', max_length=8)),
-                ('message', models.TextField()),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='events', to='cluster.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField(blank=True, null=True)),
+                ("kind", models.CharField(db_index=True, max_length=64)),
+                (
+                    "severity",
+                    models.CharField(
+                        choices=[("info", "Info"), ("warning", "Warning"), ("error", "Error")],
+                        default="info",
+                        max_length=8,
+                    ),
+                ),
+                ("message", models.TextField()),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="events",
+                        to="cluster.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['job', 'id'], name='event_job_seq')],
+                "ordering": ["id"],
+                "indexes": [models.Index(fields=["job", "id"], name="event_job_seq")],
             },
         ),
         migrations.CreateModel(
-            name='LogLine',
+            name="LogLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField()),
-                ('rank', models.PositiveIntegerField()),
-                ('stream', models.CharField(default='stdout', max_length=6)),
-                ('seq', models.PositiveBigIntegerField()),
-                ('text', models.TextField()),
-                ('time', models.DateTimeField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='log_lines', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField()),
+                ("rank", models.PositiveIntegerField()),
+                ("stream", models.CharField(default="stdout", max_length=6)),
+                ("seq", models.PositiveBigIntegerField()),
+                ("text", models.TextField()),
+                ("time", models.DateTimeField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="log_lines", to="jobs.job"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['job', 'rank', 'id'], name='logline_by_rank')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'round_number', 'rank', 'stream', 'seq'), name='logline_identity')],
+                "indexes": [models.Index(fields=["job", "rank", "id"], name="logline_by_rank")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "round_number", "rank", "stream", "seq"), name="logline_identity"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Metric',
+            name="Metric",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField()),
-                ('rank', models.PositiveIntegerField()),
-                ('seq', models.PositiveBigIntegerField()),
-                ('step', models.PositiveBigIntegerField()),
-                ('name', models.CharField(max_length=128)),
-                ('value', models.FloatField()),
-                ('time', models.DateTimeField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metrics', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField()),
+                ("rank", models.PositiveIntegerField()),
+                ("seq", models.PositiveBigIntegerField()),
+                ("step", models.PositiveBigIntegerField()),
+                ("name", models.CharField(max_length=128)),
+                ("value", models.FloatField()),
+                ("time", models.DateTimeField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="metrics", to="jobs.job"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['job', 'name', 'step'], name='metric_series')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'round_number', 'rank', 'seq', 'name'), name='metric_identity')],
+                "indexes": [models.Index(fields=["job", "name", "step"], name="metric_series")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "round_number", "rank", "seq", "name"), name="metric_identity"
+                    )
+                ],
             },
         ),
     ]

@@ -5,38 +5,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
-        ('telemetry', '0001_initial'),
+        ("jobs", "0001_initial"),
+        ("telemetry", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='event',
-            name='dedupe_key',
+            model_name="event",
+            name="dedupe_key",
             field=models.CharField(blank=True, max_length=200, null=True, unique=True),
         ),
         migrations.CreateModel(
-            name='MetricRollup',
+            name="MetricRollup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('round_number', models.PositiveIntegerField()),
-                ('rank', models.PositiveIntegerField()),
-                ('name', models.CharField(max_length=128)),
-                ('bucket_step', models.PositiveBigIntegerField(help_text='First step of the bucket')),
-                ('last_step', models.PositiveBigIntegerField()),
-                ('min_value', models.FloatField()),
-                ('max_value', models.FloatField()),
-                ('total', models.FloatField()),
-                ('count', models.PositiveBigIntegerField()),
-                ('first_time', models.DateTimeField()),
-                ('last_time', models.DateTimeField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metric_rollups', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("round_number", models.PositiveIntegerField()),
+                ("rank", models.PositiveIntegerField()),
+                ("name", models.CharField(max_length=128)),
+                ("bucket_step", models.PositiveBigIntegerField(help_text="First step of the bucket")),
+                ("last_step", models.PositiveBigIntegerField()),
+                ("min_value", models.FloatField()),
+                ("max_value", models.FloatField()),
+                ("total", models.FloatField()),
+                ("count", models.PositiveBigIntegerField()),
+                ("first_time", models.DateTimeField()),
+                ("last_time", models.DateTimeField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="metric_rollups",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['job', 'name', 'bucket_step'], name='metric_rollup_series')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'round_number', 'rank', 'name', 'bucket_step'), name='metric_rollup_identity')],
+                "indexes": [models.Index(fields=["job", "name", "bucket_step"], name="metric_rollup_series")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "round_number", "rank", "name", "bucket_step"),
+                        name="metric_rollup_identity",
+                    )
+                ],
             },
         ),
     ]

@@ -5,16 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
-        ('telemetry', '0002_rollup_and_event_dedupe'),
+        ("jobs", "0001_initial"),
+        ("telemetry", "0002_rollup_and_event_dedupe"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='metric',
-            name='job',
-            field=models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.CASCADE, related_name='metrics', to='jobs.job'),
+            model_name="metric",
+            name="job",
+            field=models.ForeignKey(
+                db_constraint=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="metrics",
+                to="jobs.job",
+            ),
         ),
     ]
