@@ -3,7 +3,6 @@ ranks grouped by identical stack (console/jobs/hangs.py ``hang_dict``)."""
 
 from __future__ import annotations
 
-from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -12,7 +11,7 @@ from rest_framework.views import APIView
 
 from console.jobs.hang_models import Hang
 from console.jobs.hangs import hang_dict
-from console.jobs.models import Job
+from console.jobs.tenancy import visible_job
 
 # The newest hangs shown; a job that hangs again and again is restarted or failed long before.
 MAX_HANGS = 20
@@ -33,8 +32,7 @@ class HangsView(APIView):
         },
     )
     def get(self, request: Request, job_id: int) -> Response:
-        if not Job.objects.filter(pk=job_id).exists():
-            raise Http404("No such job.")
+        visible_job(request.user, job_id)  # 404 for a job of another workspace, as for none
         hangs = (
             Hang.objects.filter(job_id=job_id).prefetch_related("stacks").order_by("-detected_at")[:MAX_HANGS]
         )

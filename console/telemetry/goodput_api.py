@@ -72,7 +72,7 @@ class JobGoodputView(APIView):
         responses={200: JobGoodputSerializer},
     )
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_job(job_id)
+        job = get_job(request.user, job_id)
         params = validated(GoodputQuery, request)
         body: dict[str, Any] = {"job": job.pk, **goodput_data.job_goodput(job).as_json(bins=params["bins"])}
         return Response(body)
