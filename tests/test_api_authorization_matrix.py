@@ -224,7 +224,9 @@ class World:
         bundled = Job.objects.create(name="m-bundled", bundle=self.bundle, entrypoint="train.py")
         place = Round.objects.create(job=bundled, number=1, world_size=1, master_port=29500)
         Allocation.objects.create(round=place, node=self.node, node_rank=0, nproc=1)
-        self.node_secret = tokens.enrol("m-node", tokens.issue_join_token(None, "m-node")[1])[1]
+        self.node_secret = tokens.enrol(
+            "m-node", tokens.issue_join_token(None, "m-node", node_name="m-node")[1]
+        )[1]
         self.other_node_secret = tokens.enrol("m-other", tokens.issue_join_token(None, "m-other")[1])[1]
 
     def path(self, template: str) -> str:

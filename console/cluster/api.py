@@ -206,6 +206,7 @@ class Enrol(APIView):
         try:
             _, secret = tokens.enrol(name, given.validated_data["join_token"])
         except tokens.EnrolmentRefused as refused:
+            tokens.record_refused_enrolment(name, given.validated_data["join_token"], str(refused))
             lockout.token_failed(request, None)
             raise exceptions.PermissionDenied(str(refused)) from None
         return Response(
