@@ -128,6 +128,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 BUNDLE_ROOT = Path(os.environ.get("TRAINYARD_BUNDLE_ROOT", TRAINYARD_HOME / "bundles"))
 BUNDLE_MAX_BYTES = envint("TRAINYARD_BUNDLE_MAX_BYTES", 100 * 1024 * 1024, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# Request bodies are bounded by the web server as they arrive, before they are spooled
+# (console/webserver.py): any body at REQUEST_BODY_MAX_BYTES (a bundle and its multipart
+# envelope), a body without a valid credential at ANONYMOUS_BODY_MAX_BYTES (sign-in, enrolment).
+REQUEST_BODY_MAX_BYTES = envint(
+    "TRAINYARD_REQUEST_BODY_MAX_BYTES", BUNDLE_MAX_BYTES + 1024 * 1024, minimum=1024
+)
+ANONYMOUS_BODY_MAX_BYTES = envint("TRAINYARD_ANONYMOUS_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 REST_FRAMEWORK = {
