@@ -5,7 +5,9 @@ The table below is the contract. Columns are kinds of caller; a new kind is one 
 per-node credential that answers like ``node`` everywhere but may download its own bundles.
 Every cell runs in its own savepoint, so a revoke or a stop in one cell does not change the next.
 
-Token columns are tokens of a staff superuser, so their answers show the scopes alone at work.
+Token columns are tokens of a staff superuser, so their answers show the scopes alone at work;
+``admin`` implies every scope, so its column answers like the staff session's (but for
+``tokens/current/``, which only a token has).
 """
 
 from __future__ import annotations
@@ -44,94 +46,94 @@ COLUMNS = ("anon", "viewer", "oper", "staff", "read", "jobs", "nodes", "admin", 
 # Rows: "METHOD path  status per column, in the order of COLUMNS"; method "*" stands for every
 # method of GET, POST, PUT, PATCH, DELETE that the path has no row of its own for.
 MATRIX = """
-GET    /api/schema/                        401 200 200 200  200 403 403 403  401 401 401
+GET    /api/schema/                        401 200 200 200  200 403 403 200  401 401 401
 *      /api/schema/                        401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/audit/                      401 403 403 200  403 403 403 200  401 401 401
 *      /api/v1/audit/                      401 403 403 405  403 403 403 405  401 401 401
 POST   /api/v1/auth/token/                 201 201 201 201  201 201 201 201  201 201 201
 *      /api/v1/auth/token/                 405 405 405 405  405 405 405 405  405 405 405
-GET    /api/v1/bundles/                    401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/bundles/                    401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/bundles/                    401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/bundles/                    401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/bundles/                    401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/bundles/                    401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/bundles/{bundle}/           401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/bundles/limits/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 403  401 401 200
+GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 200  401 401 200
 *      /api/v1/bundles/{sha}/archive/      401 405 405 405  403 403 403 405  401 401 405
-GET    /api/v1/jobs/                       401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/jobs/                       401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/jobs/                       401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/                 401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/jobs/{job}/                 401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/resize/          401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/resize/          401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/jobs/{job}/resize/          401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/restart/         401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/restart/         401 403 409 409  403 409 403 403  401 401 401
-*      /api/v1/jobs/{job}/restart/         401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/stop/            401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/stop/            401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/jobs/{job}/stop/            401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/rounds/          401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/jobs/{job}/rounds/          401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/checkpoints/     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/                       401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/jobs/                       401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/jobs/                       401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/                 401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/                 401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/resize/          401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/resize/          401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/jobs/{job}/resize/          401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/restart/         401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/restart/         401 403 409 409  403 409 403 409  401 401 401
+*      /api/v1/jobs/{job}/restart/         401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/stop/            401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/stop/            401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/jobs/{job}/stop/            401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/rounds/          401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/rounds/          401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/checkpoints/     401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/checkpoints/     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/events/          401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/events/          401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/events/          401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/logs/            401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/logs/            401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/logs/            401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/logs/stream/     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/logs/stream/     401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/logs/stream/     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/         401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/         401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/         401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/ranks/   401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/   401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/series/  401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/sweeps/                     401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/sweeps/                     401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/sweeps/                     401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/sweeps/{sweep}/             401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/sweeps/{sweep}/             401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/sweeps/{sweep}/stop/        401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/sweeps/{sweep}/stop/        401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/sweeps/{sweep}/stop/        401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/compare/                    401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/sweeps/                     401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/sweeps/                     401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/sweeps/                     401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/sweeps/{sweep}/             401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/sweeps/{sweep}/             401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/sweeps/{sweep}/stop/        401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/sweeps/{sweep}/stop/        401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/sweeps/{sweep}/stop/        401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/compare/                    401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/compare/                    401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/compare/series/             401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/compare/series/             401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/compare/series/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/export/  401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/export/  401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/export/  401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/nodes/                      401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/nodes/                      401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 403  401 401 401
+GET    /api/v1/nodes/                      401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/nodes/                      401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 200  401 401 401
 POST   /api/v1/nodes/join-tokens/          401 403 201 201  403 403 201 201  401 401 401
 *      /api/v1/nodes/join-tokens/          401 403 405 405  403 403 405 405  401 401 401
 POST   /api/v1/nodes/enroll/               400 400 400 400  400 400 400 400  400 400 400
 *      /api/v1/nodes/enroll/               405 405 405 405  405 405 405 405  405 405 405
-GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/nodes/{node}/drain/         401 403 200 200  403 403 200 403  401 401 401
-*      /api/v1/nodes/{node}/drain/         401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/undrain/       401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/nodes/{node}/undrain/       401 403 200 200  403 403 200 403  401 401 401
-*      /api/v1/nodes/{node}/undrain/       401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/tokens/                     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/nodes/{node}/drain/         401 403 200 200  403 403 200 200  401 401 401
+*      /api/v1/nodes/{node}/drain/         401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/undrain/       401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/nodes/{node}/undrain/       401 403 200 200  403 403 200 200  401 401 401
+*      /api/v1/nodes/{node}/undrain/       401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/tokens/                     401 200 200 200  200 403 403 200  401 401 401
 POST   /api/v1/tokens/                     401 201 201 201  403 403 403 201  401 401 401
 *      /api/v1/tokens/                     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/tokens/{token}/             401 404 404 200  200 403 403 403  401 401 401
+GET    /api/v1/tokens/{token}/             401 404 404 200  200 403 403 200  401 401 401
 DELETE /api/v1/tokens/{token}/             401 404 404 204  403 403 403 204  401 401 401
 *      /api/v1/tokens/{token}/             401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/tokens/current/             401 404 404 404  200 200 200 200  401 401 401
 DELETE /api/v1/tokens/current/             401 404 404 404  204 204 204 204  401 401 401
 *      /api/v1/tokens/current/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/no-such-endpoint/           401 404 404 404  404 403 403 403  401 401 401
+GET    /api/v1/no-such-endpoint/           401 404 404 404  404 403 403 404  401 401 401
 *      /api/v1/no-such-endpoint/           401 404 404 404  403 403 403 404  401 401 401
-GET    /metrics                            401 200 200 200  200 403 403 403  401 401 401
+GET    /metrics                            401 200 200 200  200 403 403 200  401 401 401
 *      /metrics                            401 405 405 405  403 403 403 405  401 401 401
 """
 

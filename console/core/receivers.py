@@ -62,8 +62,8 @@ def audit_logout(sender: Any, request: HttpRequest | None, user: Any, **kwargs: 
 def audit_login_failed(
     sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
 ) -> None:
-    # Failed token attempts are recorded by the token authentication itself, with more detail.
-    if credentials.get("trainyard_token"):
+    # Failed enrolments are recorded by the enrolment itself (node.enrol_failed), with more detail.
+    if credentials.get("trainyard_enrolment"):
         return
     username = str(credentials.get("username") or "")[:150]
     _with(
