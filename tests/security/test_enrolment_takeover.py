@@ -14,8 +14,16 @@ from rest_framework.test import APIClient
 from console.cluster import tokens
 from console.cluster.models import Node, NodeCredential
 from console.core.models import AuditEntry
+from tests.support.reports import sealed
+from workers import protocol
 
 pytestmark = pytest.mark.django_db
+
+
+def speaks_for(secret: str, node: str) -> bool:
+    """A report sealed with ``secret`` and claiming ``node`` is accepted (console/cluster/tokens.py)."""
+    task = protocol.CONTROL_OFFLINE
+    return tokens.agent_authorised(task, sealed(secret, task, node=node, session="s"))
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +41,7 @@ def test_a_token_naming_no_node_cannot_take_over_an_enrolled_node() -> None:
 
     assert answer.status_code == 403, answer.content
     assert "only a join token made for that node name" in answer.json()["detail"]
-    assert tokens.agent_authorised(real_secret, "tyh1"), "the real node keeps speaking for itself"
+    assert speaks_for(real_secret, "tyh1"), "the real node keeps speaking for itself"
     assert NodeCredential.objects.get(node_name="tyh1").secret_hash == tokens.hash_secret(real_secret)
     refused = AuditEntry.objects.get(action="node.enrol_failed")
     assert refused.actor_name == "node:tyh1" and refused.data["join_token"] == anyone[:10]
@@ -52,7 +60,7 @@ def test_a_node_known_without_a_credential_is_not_taken_over_either() -> None:
 def test_a_token_made_for_the_node_replaces_its_credential() -> None:
     old = tokens.enrol("tyh1", tokens.issue_join_token(None, "first", node_name="tyh1")[1])[1]
     new = tokens.enrol("tyh1", tokens.issue_join_token(None, "again", node_name="tyh1")[1])[1]
-    assert tokens.agent_authorised(new, "tyh1") and not tokens.agent_authorised(old, "tyh1")
+    assert speaks_for(new, "tyh1") and not speaks_for(old, "tyh1")
 
 
 def test_every_failed_enrolment_is_audited() -> None:
