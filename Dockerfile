@@ -25,4 +25,4 @@ RUN pip install --no-deps -e . \
     && mkdir -p /data && chown trainyard /data
 USER trainyard
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "console.asgi:application"]
+CMD ["python", "-m", "console.webserver", "-b", "0.0.0.0", "-p", "8000", "console.asgi:application"]

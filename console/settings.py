@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from console.core import embedded
 from console.core.env import (
     database_from_url,
@@ -129,6 +131,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 BUNDLE_ROOT = Path(os.environ.get("TRAINYARD_BUNDLE_ROOT", TRAINYARD_HOME / "bundles"))
 BUNDLE_MAX_BYTES = envint("TRAINYARD_BUNDLE_MAX_BYTES", 100 * 1024 * 1024, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# Request bodies are bounded by the web server as they arrive, before they are spooled
+# (console/webserver.py): any body at REQUEST_BODY_MAX_BYTES (a bundle and its multipart
+# envelope), a body without a valid credential at ANONYMOUS_BODY_MAX_BYTES (sign-in, enrolment).
+REQUEST_BODY_MAX_BYTES = envint(
+    "TRAINYARD_REQUEST_BODY_MAX_BYTES", BUNDLE_MAX_BYTES + 1024 * 1024, minimum=1024
+)
+ANONYMOUS_BODY_MAX_BYTES = envint("TRAINYARD_ANONYMOUS_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 REST_FRAMEWORK = {
@@ -310,6 +319,10 @@ SPECTACULAR_SETTINGS["COMPONENT_SPLIT_REQUEST"] = True  # type: ignore[assignmen
 # Token last-used times are written at most this often (a write per request would cost more
 # than the request).
 TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
+# Open websockets re-check their token or session this often and close once it no longer holds.
+WS_CREDENTIAL_RECHECK_SECONDS = envfloat("TRAINYARD_WS_RECHECK_SECONDS", 30.0)
+if not 0 < WS_CREDENTIAL_RECHECK_SECONDS <= 60:
+    raise ImproperlyConfigured("TRAINYARD_WS_RECHECK_SECONDS must be more than 0 and at most 60.")
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {  # type: ignore[assignment]
     "JobStateEnum": "console.core.states.JobState",
     "NodeStateEnum": "console.core.states.NodeState",
@@ -337,3 +350,19 @@ EMAIL_HOST = os.environ.get("TRAINYARD_EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("TRAINYARD_EMAIL_PORT", 25, minimum=1)
 EMAIL_FILE_PATH = os.environ.get("TRAINYARD_EMAIL_FILE_PATH", str(TRAINYARD_HOME / "mail"))
 DEFAULT_FROM_EMAIL = os.environ.get("TRAINYARD_EMAIL_FROM", "trainyard@localhost")
+
+# --- Served over HTTPS by a TLS-terminating reverse proxy (docs/deploy.md) -----------------------
+# TRAINYARD_HTTPS=1: the proxy sets X-Forwarded-Proto (and must overwrite one a client sends);
+# cookies are sent over HTTPS only, plain http is redirected, and browsers are told (HSTS) to use
+# HTTPS for TRAINYARD_HSTS_SECONDS. `manage.py check --deploy` is clean with these
+# (tests/security/test_deploy_settings.py).
+HTTPS = envbool("TRAINYARD_HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = envbool("TRAINYARD_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = envint("TRAINYARD_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("TRAINYARD_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = envbool("TRAINYARD_HSTS_PRELOAD", False)
+SESSION_COOKIE_HTTPONLY = True

@@ -5,7 +5,9 @@ The table below is the contract. Columns are kinds of caller; a new kind is one 
 per-node credential that answers like ``node`` everywhere but may download its own bundles.
 Every cell runs in its own savepoint, so a revoke or a stop in one cell does not change the next.
 
-Token columns are tokens of a staff superuser, so their answers show the scopes alone at work.
+Token columns are tokens of a staff superuser, so their answers show the scopes alone at work;
+``admin`` implies every scope, so its column answers like the staff session's (but for
+``tokens/current/``, which only a token has).
 The job lives in a closed workspace ("m-team": viewer a viewer, oper an editor there); "outsider"
 is a site operator who is no member of it: every job of it is 404 to them (another workspace's
 job does not exist), where the operator's answer is not a 405.
@@ -29,6 +31,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from console.alerts.models import Alert, Channel, Rule
 from console.api.models import ApiToken
 from console.cluster import tokens
 from console.cluster.models import Node
@@ -48,109 +51,133 @@ COLUMNS = ("anon", "viewer", "oper", "staff", "read", "jobs", "nodes", "admin", 
 # Rows: "METHOD path  status per column, in the order of COLUMNS"; method "*" stands for every
 # method of GET, POST, PUT, PATCH, DELETE that the path has no row of its own for.
 MATRIX = """
-GET    /api/schema/                        401 200 200 200  200 403 403 403  401 401 401
+GET    /api/schema/                        401 200 200 200  200 403 403 200  401 401 401
 *      /api/schema/                        401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/audit/                      401 403 403 200  403 403 403 200  401 401 401
 *      /api/v1/audit/                      401 403 403 405  403 403 403 405  401 401 401
 POST   /api/v1/auth/token/                 201 201 201 201  201 201 201 201  201 201 201
 *      /api/v1/auth/token/                 405 405 405 405  405 405 405 405  405 405 405
-GET    /api/v1/bundles/                    401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/bundles/                    401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/bundles/                    401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/bundles/                    401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/bundles/                    401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/bundles/                    401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/bundles/{bundle}/           401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/bundles/limits/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 403  401 401 200
+GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 200  401 401 200
 *      /api/v1/bundles/{sha}/archive/      401 405 405 405  403 403 403 405  401 401 405
-GET    /api/v1/jobs/                       401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/jobs/                       401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/jobs/                       401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/                 401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/jobs/{job}/                 401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/resize/          401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/resize/          401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/jobs/{job}/resize/          401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/restart/         401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/restart/         401 403 409 409  403 409 403 403  401 401 401
-*      /api/v1/jobs/{job}/restart/         401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/stop/            401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/jobs/{job}/stop/            401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/jobs/{job}/stop/            401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/rounds/          401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/jobs/{job}/rounds/          401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/jobs/{job}/checkpoints/     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/                       401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/jobs/                       401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/jobs/                       401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/                 401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/                 401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/resize/          401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/resize/          401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/jobs/{job}/resize/          401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/restart/         401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/restart/         401 403 409 409  403 409 403 409  401 401 401
+*      /api/v1/jobs/{job}/restart/         401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/stop/            401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/jobs/{job}/stop/            401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/jobs/{job}/stop/            401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/rounds/          401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/rounds/          401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/jobs/{job}/checkpoints/     401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/checkpoints/     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/events/          401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/events/          401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/events/          401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/logs/            401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/logs/            401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/logs/            401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/logs/stream/     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/logs/stream/     401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/logs/stream/     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/         401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/hangs/           401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/hangs/           401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/jobs/{job}/goodput/         401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/jobs/{job}/goodput/         401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/goodput/                    401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/goodput/                    401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/alerts/                     401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/alerts/                     401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/alerts/{alert}/             401 404 404 200  200 403 403 200  401 401 401
+*      /api/v1/alerts/{alert}/             401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/alerts/channels/            401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/alerts/channels/            401 201 201 201  403 403 403 201  401 401 401
+*      /api/v1/alerts/channels/            401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/alerts/channels/{channel}/  401 404 404 200  200 403 403 200  401 401 401
+PATCH  /api/v1/alerts/channels/{channel}/  401 404 404 200  403 403 403 200  401 401 401
+DELETE /api/v1/alerts/channels/{channel}/  401 404 404 204  403 403 403 204  401 401 401
+*      /api/v1/alerts/channels/{channel}/  401 404 404 400  403 403 403 400  401 401 401
+GET    /api/v1/alerts/rules/               401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/alerts/rules/               401 201 201 201  403 403 403 201  401 401 401
+*      /api/v1/alerts/rules/               401 405 405 405  403 403 403 405  401 401 401
+GET    /api/v1/alerts/rules/{rule}/        401 404 404 200  200 403 403 200  401 401 401
+PATCH  /api/v1/alerts/rules/{rule}/        401 404 404 200  403 403 403 200  401 401 401
+DELETE /api/v1/alerts/rules/{rule}/        401 404 404 204  403 403 403 204  401 401 401
+*      /api/v1/alerts/rules/{rule}/        401 404 404 400  403 403 403 400  401 401 401
+GET    /api/v1/jobs/{job}/metrics/         401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/         401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/ranks/   401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/ranks/   401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/roles/   401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/   401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/roles/series/  401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/jobs/{job}/metrics/roles/series/  401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/sweeps/                     401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/sweeps/                     401 403 201 201  403 201 403 403  401 401 401
-*      /api/v1/sweeps/                     401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/sweeps/{sweep}/             401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/sweeps/{sweep}/             401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/sweeps/{sweep}/stop/        401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/sweeps/{sweep}/stop/        401 403 200 200  403 200 403 403  401 401 401
-*      /api/v1/sweeps/{sweep}/stop/        401 403 405 405  403 405 403 403  401 401 401
-GET    /api/v1/compare/                    401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/sweeps/                     401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/sweeps/                     401 403 201 201  403 201 403 201  401 401 401
+*      /api/v1/sweeps/                     401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/sweeps/{sweep}/             401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/sweeps/{sweep}/             401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/sweeps/{sweep}/stop/        401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/sweeps/{sweep}/stop/        401 403 200 200  403 200 403 200  401 401 401
+*      /api/v1/sweeps/{sweep}/stop/        401 403 405 405  403 405 403 405  401 401 401
+GET    /api/v1/compare/                    401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/compare/                    401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/compare/series/             401 400 400 400  400 403 403 403  401 401 401
+GET    /api/v1/compare/series/             401 400 400 400  400 403 403 400  401 401 401
 *      /api/v1/compare/series/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/jobs/{job}/metrics/export/  401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/jobs/{job}/metrics/export/  401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/jobs/{job}/metrics/export/  401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/nodes/                      401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/nodes/                      401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 403  401 401 401
+GET    /api/v1/nodes/                      401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/nodes/                      401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/join-tokens/          401 403 200 200  200 403 403 200  401 401 401
 POST   /api/v1/nodes/join-tokens/          401 403 201 201  403 403 201 201  401 401 401
 *      /api/v1/nodes/join-tokens/          401 403 405 405  403 403 405 405  401 401 401
 POST   /api/v1/nodes/enroll/               400 400 400 400  400 400 400 400  400 400 400
 *      /api/v1/nodes/enroll/               405 405 405 405  405 405 405 405  405 405 405
-GET    /api/v1/nodes/network/              401 200 200 200  200 403 403 403  401 401 401
-POST   /api/v1/nodes/network/              401 403 202 202  403 403 202 403  401 401 401
-*      /api/v1/nodes/network/              401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/check-network/ 401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/nodes/{node}/check-network/ 401 403 202 202  403 403 202 403  401 401 401
-*      /api/v1/nodes/{node}/check-network/ 401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 403  401 401 401
-*      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/nodes/{node}/drain/         401 403 200 200  403 403 200 403  401 401 401
-*      /api/v1/nodes/{node}/drain/         401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/nodes/{node}/undrain/       401 405 405 405  405 403 403 403  401 401 401
-POST   /api/v1/nodes/{node}/undrain/       401 403 200 200  403 403 200 403  401 401 401
-*      /api/v1/nodes/{node}/undrain/       401 403 405 405  403 403 405 403  401 401 401
-GET    /api/v1/tokens/                     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/nodes/network/              401 200 200 200  200 403 403 200  401 401 401
+POST   /api/v1/nodes/network/              401 403 202 202  403 403 202 202  401 401 401
+*      /api/v1/nodes/network/              401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/check-network/ 401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/nodes/{node}/check-network/ 401 403 202 202  403 403 202 202  401 401 401
+*      /api/v1/nodes/{node}/check-network/ 401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/               401 200 200 200  200 403 403 200  401 401 401
+*      /api/v1/nodes/{node}/               401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/drain/         401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/nodes/{node}/drain/         401 403 200 200  403 403 200 200  401 401 401
+*      /api/v1/nodes/{node}/drain/         401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/nodes/{node}/undrain/       401 405 405 405  405 403 403 405  401 401 401
+POST   /api/v1/nodes/{node}/undrain/       401 403 200 200  403 403 200 200  401 401 401
+*      /api/v1/nodes/{node}/undrain/       401 403 405 405  403 403 405 405  401 401 401
+GET    /api/v1/tokens/                     401 200 200 200  200 403 403 200  401 401 401
 POST   /api/v1/tokens/                     401 201 201 201  403 403 403 201  401 401 401
 *      /api/v1/tokens/                     401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/tokens/{token}/             401 404 404 200  200 403 403 403  401 401 401
+GET    /api/v1/tokens/{token}/             401 404 404 200  200 403 403 200  401 401 401
 DELETE /api/v1/tokens/{token}/             401 404 404 204  403 403 403 204  401 401 401
 *      /api/v1/tokens/{token}/             401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/tokens/current/             401 404 404 404  200 200 200 200  401 401 401
 DELETE /api/v1/tokens/current/             401 404 404 404  204 204 204 204  401 401 401
 *      /api/v1/tokens/current/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/no-such-endpoint/           401 404 404 404  404 403 403 403  401 401 401
+GET    /api/v1/no-such-endpoint/           401 404 404 404  404 403 403 404  401 401 401
 *      /api/v1/no-such-endpoint/           401 404 404 404  403 403 403 404  401 401 401
-GET    /metrics                            401 200 200 200  200 403 403 403  401 401 401
-GET    /api/v1/workspaces/                 401 200 200 200  200 403 403 403  401 401 401
+GET    /metrics                            401 200 200 200  200 403 403 200  401 401 401
+GET    /api/v1/workspaces/                 401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/workspaces/                 401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/workspaces/{ws}/members/    401 405 405 405  405 403 403 403  401 401 401
+GET    /api/v1/workspaces/{ws}/members/    401 405 405 405  405 403 403 405  401 401 401
 POST   /api/v1/workspaces/{ws}/members/    401 403 403 201  403 403 403 201  401 401 401
 *      /api/v1/workspaces/{ws}/members/    401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/workspaces/{ws}/members/{member}/  401 405 405 405  405 403 403 403  401 401 401
+GET    /api/v1/workspaces/{ws}/members/{member}/  401 405 405 405  405 403 403 405  401 401 401
 DELETE /api/v1/workspaces/{ws}/members/{member}/  401 403 403 204  403 403 403 204  401 401 401
 *      /api/v1/workspaces/{ws}/members/{member}/  401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/quotas/                     401 200 200 200  200 403 403 403  401 401 401
+GET    /api/v1/quotas/                     401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/quotas/                     401 405 405 405  403 403 403 405  401 401 401
 *      /metrics                            401 405 405 405  403 403 403 405  401 401 401
 """
@@ -281,7 +308,18 @@ class World:
         bundled = Job.objects.create(name="m-bundled", bundle=self.bundle, entrypoint="train.py")
         place = Round.objects.create(job=bundled, number=1, world_size=1, master_port=29500)
         Allocation.objects.create(round=place, node=self.node, node_rank=0, nproc=1)
-        self.node_secret = tokens.enrol("m-node", tokens.issue_join_token(None, "m-node")[1])[1]
+        self.channel = Channel.objects.create(
+            owner=self.staff, name="m-hook", kind="email", email="a@example.com"
+        )
+        self.rule = Rule.objects.create(
+            owner=self.staff, name="m-rule", kind="event", event_kinds=["job.failed"]
+        )
+        self.alert = Alert.objects.create(
+            rule=self.rule, key="m-key", subject="m", title="m", state="sent", happened_at=timezone.now()
+        )
+        self.node_secret = tokens.enrol(
+            "m-node", tokens.issue_join_token(None, "m-node", node_name="m-node")[1]
+        )[1]
         self.other_node_secret = tokens.enrol("m-other", tokens.issue_join_token(None, "m-other")[1])[1]
 
     def path(self, template: str) -> str:
@@ -294,6 +332,9 @@ class World:
             sweep=self.sweep.pk,
             ws=self.team.name,
             member=self.viewer.username,
+            alert=self.alert.pk,
+            channel=self.channel.pk,
+            rule=self.rule.pk,
         )
 
     def client_for(self, column: str) -> APIClient:
@@ -329,6 +370,10 @@ def body_for(method: str, path: str, world: World) -> dict[str, Any]:
         return {"data": sweep, "format": "json"}
     if path.endswith("/members/"):
         return {"data": {"user": "m-newcomer", "role": "editor"}, "format": "json"}
+    if path == "/api/v1/alerts/channels/":
+        return {"data": {"name": "m-mail", "kind": "email", "email": "ops@example.com"}, "format": "json"}
+    if path == "/api/v1/alerts/rules/":
+        return {"data": {"name": "m-rule", "kind": "event", "event_kinds": ["job.failed"]}, "format": "json"}
     if path == "/api/v1/nodes/join-tokens/":
         return {"data": {"name": "m-join"}, "format": "json"}
     if path == "/api/v1/tokens/":
@@ -376,7 +421,19 @@ def test_the_matrix_covers_every_api_endpoint() -> None:
     reached = set()
     for path in covered:
         if path.startswith("/api/"):
-            sample = path.format(job=1, node=1, bundle=1, sha="a" * 64, token=1, sweep=1, ws="w", member="u")
+            sample = path.format(
+                job=1,
+                node=1,
+                bundle=1,
+                sha="a" * 64,
+                token=1,
+                sweep=1,
+                ws="w",
+                member="u",
+                alert=1,
+                channel=1,
+                rule=1,
+            )
             reached.add(resolve(sample).url_name)
     assert names - reached == set()
 

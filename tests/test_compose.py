@@ -90,7 +90,7 @@ def test_service_command_points_at_a_real_entry_point(name: str) -> None:
 
 
 def test_dockerfile_default_command_is_the_web_server() -> None:
-    assert check_entry_point(dockerfile_cmd()) == "daphne"
+    assert check_entry_point(dockerfile_cmd()) == "python -m console.webserver"
 
 
 def test_dockerfile_copies_paths_that_exist() -> None:

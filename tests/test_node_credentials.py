@@ -52,7 +52,7 @@ def no_shared_token(settings: Any) -> None:
 
 
 def enrolled(name: str) -> str:
-    _, raw_join = tokens.issue_join_token(None, f"for {name}")
+    _, raw_join = tokens.issue_join_token(None, f"for {name}", node_name=name)
     return tokens.enrol(name, raw_join)[1]
 
 

@@ -82,7 +82,7 @@ def test_a_read_token_follows_a_job_without_session_or_origin(job: Job, viewer: 
     assert token.last_used_at is not None
 
 
-def test_refused_tokens_close_with_their_code_and_count_as_failures(job: Job, viewer: User) -> None:
+def test_refused_tokens_close_with_their_code_and_are_audited(job: Job, viewer: User) -> None:
     _, write_only = ApiToken.issue(viewer, "writer", scopes=[Scope.JOBS_WRITE])
     revoked, revoked_raw = ApiToken.issue(viewer, "old")
     revoked.revoke()
@@ -111,14 +111,10 @@ def test_refused_tokens_close_with_their_code_and_count_as_failures(job: Job, vi
         )
         code, _ = await closed_with(connect_with(path, [(b"authorization", b"Basic abc")], "10.0.0.5"))
         assert code == 4401
-        # Repeated failures from one address lock it out: even a good token waits there
+        # Repeated failures from one address never refuse a good token there
         for _ in range(LIMIT):
             await closed_with(connect_with(path, [bearer("ty_guess")], "10.0.0.6"))
-        code, reason = await closed_with(connect_with(path, [bearer(good)], "10.0.0.6"))
-        assert code == 4429 and "Too many failed sign-in attempts" in reason
-        # while the same token from elsewhere is fine... except that the failures above named
-        # viewer's account only through revoked/expired tokens (two, under the limit)
-        ok = connect_with(path, [bearer(good)], "10.0.0.8")
+        ok = connect_with(path, [bearer(good)], "10.0.0.6")
         assert (await ok.connect())[0]
         assert json.loads(await ok.receive_from(5))["type"] == "state"
         await ok.disconnect()
@@ -127,8 +123,7 @@ def test_refused_tokens_close_with_their_code_and_count_as_failures(job: Job, vi
     failed = AuditEntry.objects.filter(action="auth.token_failed")
     assert set(failed.values_list("data__reason", flat=True)) >= {"unknown", "revoked", "expired"}
     assert set(failed.values_list("source_address", flat=True)) >= {"10.0.0.2", "10.0.0.3", "10.0.0.4"}
-    assert AccessAttempt.objects.filter(ip_address="10.0.0.6").exists()
-    assert not AccessAttempt.objects.filter(ip_address="10.0.0.1").exists()
+    assert not AccessAttempt.objects.exists()  # tokens are not subject to the sign-in lockout
 
 
 def test_a_cookie_still_needs_the_right_origin(job: Job, viewer: User) -> None:

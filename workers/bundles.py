@@ -32,6 +32,9 @@ MAX_MEMBERS = 20_000
 UNPACKED_FACTOR = 10
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 _CHUNK = 1 << 20
+# A GNU long name/link or a pax header is read whole into memory by tarfile: its size is checked
+# first (BoundedTarInfo). Linux paths stop at 4 KiB; pax headers with a few xattrs fit easily.
+MAX_HEADER_BYTES = 64 * 1024
 
 
 class BundleError(Exception):
@@ -76,9 +79,52 @@ def _detect(path: Path) -> str:
         return "zip"
     if len(head) >= 262 and head[257:262] == b"ustar":
         return "tar"
-    if tarfile.is_tarfile(path):
-        return "tar"
+    try:
+        with tarfile.open(path, tarinfo=BoundedTarInfo):
+            return "tar"
+    except (tarfile.TarError, OSError, EOFError):
+        pass
     raise BundleError("the bundle is not a tar, tar.gz or zip archive")
+
+
+_LONG_HEADERS = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+def _sparse_refused(name: str) -> BundleError:
+    return BundleError(f"archive member {name!r} is a sparse file")
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member header, refusing before it reads them: a GNU long name or link, or a pax
+    header, larger than MAX_HEADER_BYTES (tarfile reads such a header whole into memory, so a
+    small compressed archive could claim gigabytes), and GNU sparse members (a bundle has no use
+    for them, and their maps are read unbounded too)."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type in _LONG_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise BundleError(
+                f"the bundle has a {self.size}-byte archive header (more than {MAX_HEADER_BYTES}); "
+                "refused as a possible header bomb"
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _sparse_refused(self.name)
+        return super()._proc_member(archive)  # type: ignore[misc, no-any-return]
+
+    # Sparse members described in pax headers (GNU formats 0.0, 0.1, 1.0).
+    def _proc_gnusparse_00(self, *args: object) -> None:
+        raise _sparse_refused(self.name)
+
+    def _proc_gnusparse_01(self, *args: object) -> None:
+        raise _sparse_refused(self.name)
+
+    def _proc_gnusparse_10(self, *args: object) -> None:
+        raise _sparse_refused(self.name)
 
 
 def _tar_members(archive: tarfile.TarFile) -> Iterator[tuple[Member, tarfile.TarInfo]]:
@@ -134,7 +180,7 @@ def _open(path: Path) -> tarfile.TarFile | zipfile.ZipFile:
     try:
         if kind == "zip":
             return zipfile.ZipFile(path)
-        return tarfile.open(path, mode="r:*")
+        return tarfile.open(path, mode="r:*", tarinfo=BoundedTarInfo)
     except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as error:
         raise BundleError(f"the bundle is not a readable {kind} archive: {error}") from None
 

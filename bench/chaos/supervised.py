@@ -107,7 +107,7 @@ class SupervisedConsole(Console):
         return None
 
     NEEDLES = {
-        "web": "daphne",
+        "web": "console.webserver",
         "controller": "-Q control",
         "ingest": "manage.py ingest",
         "redis": "redis-server",

@@ -1,9 +1,10 @@
 """Authentication of API callers: personal bearer tokens (``Authorization: Bearer ty_...``) with
 their scopes, and the web console's session.
 
-A token is refused when unknown, revoked or expired (401), when the request needs a scope the
-token lacks (403), and while its address or account is locked out after repeated failures (429).
-Every refusal of a presented token counts as a failed attempt (console/api/lockout.py).
+A token is refused when unknown, revoked or expired (401) and when the request needs a scope the
+token lacks (403); ``admin`` implies every scope. A valid token is never refused because of other
+requests' failures: tokens are not subject to the sign-in lockout (console/api/lockout.py), and a
+refused token is audited (``auth.token_failed``), not counted against an address or account.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from console.api import lockout
 from console.api.models import PREFIX_LENGTH, ApiToken, Scope, hash_token
 from console.core.audit import AuthMethod, client_address, mark_auth
 from console.core.models import AuditEntry
@@ -34,14 +34,14 @@ def required_scope(request: Request, view: Any) -> str | None:
 
 
 def find_token(raw: str) -> tuple[ApiToken | None, str | None]:
-    """The token this raw value names (None when unknown) and the account to count a failure
-    against."""
+    """The token this raw value names (None when unknown) and the account it seems to be of
+    (for the audit entry of a refusal)."""
     token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(raw)).first()
     return token, token.user.get_username() if token is not None else owner_by_prefix(raw)
 
 
 def owner_by_prefix(raw: str) -> str | None:
-    """A wrong token that starts like one of an account's tokens counts against that account."""
+    """A wrong token that starts like one of an account's tokens is audited under that account."""
     if len(raw) <= PREFIX_LENGTH:
         return None
     match = ApiToken.objects.filter(prefix=raw[:PREFIX_LENGTH]).select_related("user").first()
@@ -53,7 +53,7 @@ def token_refused(token: ApiToken | None) -> bool:
 
 
 def record_refusal(request: HttpRequest, token: ApiToken | None, owner: str | None, raw: str) -> str:
-    """Audit a refused token and count it as a failed attempt; returns the message for the caller."""
+    """Audit a refused token; returns the message for the caller."""
     if token is None:
         reason = "unknown"
     elif token.revoked:
@@ -71,7 +71,6 @@ def record_refusal(request: HttpRequest, token: ApiToken | None, owner: str | No
         actor_name=owner or "",
         reason=reason,
     )
-    lockout.token_failed(request, owner)
     messages = {
         "revoked": "This API token was revoked.",
         "expired": "This API token has expired.",
@@ -90,7 +89,6 @@ class TokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
         raw = header[1].decode(errors="replace")
         token, owner = find_token(raw)
-        lockout.check_token_lockout(request, owner)
         if token_refused(token):
             self._refuse(request, token, owner, raw)
         assert token is not None

@@ -1,10 +1,15 @@
-"""Lockout after repeated failed sign-ins and failed API tokens, on top of django-axes.
+"""Lockout after repeated failed sign-ins and enrolments, on top of django-axes.
 
-django-axes counts failures of Django's own sign-in (the login form, the admin, the API login,
-which all call ``authenticate``) per address and per account, refuses a locked-out caller before
-the password is checked, and keeps the counts in the database, where every web process sees them.
-Failed bearer tokens are fed into the same counts (``token_failed``) and checked before a token
-is accepted (``check_token_lockout``), so one limit covers passwords and tokens alike.
+Only what is tried without a credential is limited, and only per address: a password sign-in
+(the login form, the admin, the API's password exchange, which all call ``authenticate``) and an
+agent's enrolment with a join token. django-axes counts those failures per address, refuses a
+locked-out address before the password is checked, and keeps the counts in the database, where
+every web process sees them.
+
+A valid API token or signed-in session is never refused because of failures: bearer tokens are
+not checked against the lockout at all (a wrong one is a 401 and an audit entry; guessing a
+256-bit token is hopeless), and failures that name an account do not lock that account (someone
+else's wrong passwords would lock its owner's sign-in and CI tokens out).
 
 A locked-out caller gets 429 with ``Retry-After``: JSON under /api/ (and /metrics), a page
 elsewhere.
@@ -30,10 +35,7 @@ from console.core.audit import client_address
 
 
 def lockout_parameters(request: Any, credentials: dict[str, Any] | None) -> list[str]:
-    """Count per address always, and per account when the attempt names one. (Counting
-    "no account" as one account would lock everyone out together.)"""
-    if credentials and credentials.get("username"):
-        return ["ip_address", "username"]
+    """Count per address only: failures naming an account must not lock that account's owner out."""
     return ["ip_address"]
 
 
@@ -41,11 +43,9 @@ def cooloff() -> timedelta:
     return timedelta(minutes=settings.LOGIN_COOLOFF_MINUTES)
 
 
-def retry_after_seconds(request: HttpRequest, username: str | None) -> int:
-    """Seconds until the newest counted failure of this address or account leaves the window."""
+def retry_after_seconds(request: HttpRequest) -> int:
+    """Seconds until the newest counted failure of this address leaves the window."""
     match = Q(ip_address=client_address(request))
-    if username:
-        match |= Q(username=username)
     latest = AccessAttempt.objects.filter(match).aggregate(latest=Max("attempt_time"))["latest"]
     if latest is None:
         return 1
@@ -53,18 +53,8 @@ def retry_after_seconds(request: HttpRequest, username: str | None) -> int:
     return max(1, math.ceil(remaining))
 
 
-def _credentials(args: tuple[Any, ...]) -> dict[str, Any] | None:
-    # axes calls this with (request, response, credentials) or, on its async path, (request, credentials).
-    for arg in reversed(args):
-        if isinstance(arg, dict):
-            return arg
-    return None
-
-
 def lockout_response(request: HttpRequest, *args: Any) -> HttpResponse:
-    credentials = _credentials(args) or {}
-    username = credentials.get("username")
-    wait = retry_after_seconds(request, username)
+    wait = retry_after_seconds(request)
     message = f"Too many failed sign-in attempts. Try again in {math.ceil(wait / 60)} minute(s)."
     response: HttpResponse
     if request.path.startswith(("/api/", "/metrics")):
@@ -79,29 +69,27 @@ def _axes_request(request: Any) -> HttpRequest:
     return getattr(request, "_request", request)
 
 
-def _recent_failures(request: HttpRequest, username: str | None) -> bool:
-    """Whether this address or account failed within the window: one indexed query. Nearly every
-    token request has none, and axes' own check (a sum per address and per account) is skipped."""
+def _recent_failures(request: HttpRequest) -> bool:
+    """Whether this address failed within the window: one indexed query, so axes' own check (a
+    sum over the attempts) runs only for an address that failed lately."""
     match = Q(ip_address=client_address(request))
-    if username:
-        match |= Q(username=username)
     return AccessAttempt.objects.filter(match, attempt_time__gte=timezone.now() - cooloff()).exists()
 
 
-def check_token_lockout(request: Any, username: str | None) -> None:
-    """Raise 429 (with Retry-After) when this address, or the account, is locked out."""
+def check_address_lockout(request: Any) -> None:
+    """Raise 429 (with Retry-After) when this address is locked out: for what is tried without a
+    credential other than a password (an enrolment's join token)."""
     raw = _axes_request(request)
-    if not _recent_failures(raw, username):
+    if not _recent_failures(raw):
         return
-    credentials = {"username": username}
-    if not AxesProxyHandler.is_allowed(raw, credentials):
-        wait = retry_after_seconds(raw, username)
-        raise Throttled(wait=wait, detail=f"Too many failed sign-in attempts. Try again in {wait} seconds.")
+    if not AxesProxyHandler.is_allowed(raw, {}):
+        wait = retry_after_seconds(raw)
+        raise Throttled(
+            wait=wait, detail=f"Too many failed attempts from this address. Try again in {wait} seconds."
+        )
 
 
-def token_failed(request: Any, username: str | None) -> None:
-    """Count a failed bearer token against the address and, when known, the account."""
+def address_failed(request: Any) -> None:
+    """Count a failure (a wrong join token) against the address."""
     raw = _axes_request(request)
-    user_login_failed.send(
-        sender=__name__, credentials={"username": username, "trainyard_token": True}, request=raw
-    )
+    user_login_failed.send(sender=__name__, credentials={"trainyard_enrolment": True}, request=raw)

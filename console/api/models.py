@@ -22,7 +22,7 @@ class Scope(StrEnum):
     READ = "read"  # every GET: jobs, nodes, metrics, logs, bundles, its user's tokens
     JOBS_WRITE = "jobs:write"  # submit, resize, restart, stop; upload bundles
     NODES_WRITE = "nodes:write"  # drain and undrain nodes
-    ADMIN = "admin"  # staff reads (audit log) and managing tokens with a token
+    ADMIN = "admin"  # every scope, plus staff reads (audit log) and managing tokens with a token
 
 
 ALL_SCOPES = [s.value for s in Scope]
@@ -72,7 +72,8 @@ class ApiToken(models.Model):
         return not self.revoked and not self.expired
 
     def allows(self, scope: str) -> bool:
-        return scope in self.scopes
+        """``admin`` implies every scope."""
+        return scope in self.scopes or Scope.ADMIN.value in self.scopes
 
     def revoke(self) -> bool:
         """Revoke once; True when this call revoked it."""

@@ -108,7 +108,7 @@ def issue_token(request: Request, user: Any, body: TokenRequestSerializer) -> Re
     data = body.validated_data
     scopes = data.get("scopes") or [Scope.READ.value]
     caller = request.auth if isinstance(request.auth, ApiToken) else None
-    if caller is not None and not set(scopes) <= set(caller.scopes):
+    if caller is not None and not all(caller.allows(scope) for scope in scopes):
         raise exceptions.PermissionDenied("A token cannot create a token with scopes it does not have.")
     if not data["replace"] and ApiToken.objects.filter(user=user, name=data["name"], revoked=False).exists():
         raise exceptions.ValidationError(
@@ -192,7 +192,7 @@ class PasswordTokenView(APIView):
             raw_request, username=body.validated_data["username"], password=body.validated_data["password"]
         )
         if getattr(raw_request, "axes_locked_out", False):
-            wait = lockout.retry_after_seconds(raw_request, body.validated_data["username"])
+            wait = lockout.retry_after_seconds(raw_request)
             raise exceptions.Throttled(wait=wait, detail="Too many failed sign-in attempts.")
         if user is None or not user.is_active:
             raise exceptions.AuthenticationFailed("Wrong username or password.")

@@ -6,13 +6,13 @@ no Origin check. Every other socket goes through the session (AuthMiddlewareStac
 AllowedHostsOriginValidator, as before: the Origin check guards the cookie, which a browser
 sends by itself.
 
-A token needs the ``read`` scope. A refusal is decided here and carried in the scope
-(``ws_refusal``: close code and reason); the consumer accepts and then closes with that code, so
-the client sees it (a refusal before accepting reaches clients only as an HTTP 403):
+A token needs the ``read`` scope (``admin`` implies it). A refusal is decided here and carried in
+the scope (``ws_refusal``: close code and reason); the consumer accepts and then closes with that
+code, so the client sees it (a refusal before accepting reaches clients only as an HTTP 403):
 4401 unknown, revoked or expired token, or a header that is not ``Bearer <token>``;
-4403 the token lacks the ``read`` scope; 4429 the address or account is locked out after
-repeated failures. A refused token counts as a failed attempt, as on the REST API. (The close
-also carries a reason, but Daphne sends only the code: clients go by the code.)
+4403 the token lacks the ``read`` scope. A refused token is audited, as on the REST API; as
+there, tokens are not subject to the sign-in lockout. (The close also carries a reason, but
+Daphne sends only the code: clients go by the code.)
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from typing import Any
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.contrib.sessions.backends.db import SessionStore
 from django.http import HttpRequest
-from rest_framework.exceptions import Throttled
+from django.utils.crypto import constant_time_compare
 
-from console.api import lockout
 from console.api.auth import find_token, record_refusal, token_refused
-from console.api.models import Scope
+from console.api.models import ApiToken, Scope
 from console.core.audit import _current_request, client_address, with_request
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
-CLOSE_LOCKED_OUT = 4429
 
 AsgiScope = dict[str, Any]
 
@@ -61,11 +61,15 @@ def handshake_request(scope: AsgiScope) -> HttpRequest:
     return request
 
 
-def authenticate(header: str, scope: AsgiScope) -> tuple[Any, tuple[int, str] | None]:
-    """(user, refusal): the token's user, or AnonymousUser and the close code and reason."""
+Verdict = tuple[Any, tuple[int, str] | None, int | None]
+
+
+def authenticate(header: str, scope: AsgiScope) -> Verdict:
+    """(user, refusal, token id): the token's user and id, or AnonymousUser and the close code and
+    reason."""
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() not in ("bearer", "token"):
-        return AnonymousUser(), (CLOSE_UNAUTHORIZED, "Authorization header must be 'Bearer <token>'.")
+        return AnonymousUser(), (CLOSE_UNAUTHORIZED, "Authorization header must be 'Bearer <token>'."), None
     raw = parts[1]
     request = handshake_request(scope)
     context = with_request(request)  # audit entries get the address (run in a worker thread)
@@ -75,19 +79,37 @@ def authenticate(header: str, scope: AsgiScope) -> tuple[Any, tuple[int, str] | 
         _current_request.reset(context)
 
 
-def check_token(raw: str, request: HttpRequest) -> tuple[Any, tuple[int, str] | None]:
+def check_token(raw: str, request: HttpRequest) -> Verdict:
     token, owner = find_token(raw)
-    try:
-        lockout.check_token_lockout(request, owner)
-    except Throttled as exc:
-        return AnonymousUser(), (CLOSE_LOCKED_OUT, str(exc.detail))
     if token_refused(token):
-        return AnonymousUser(), (CLOSE_UNAUTHORIZED, record_refusal(request, token, owner, raw))
+        return AnonymousUser(), (CLOSE_UNAUTHORIZED, record_refusal(request, token, owner, raw)), None
     assert token is not None
     if not token.allows(Scope.READ):
-        return AnonymousUser(), (CLOSE_FORBIDDEN, f"This token lacks the '{Scope.READ}' scope.")
+        return AnonymousUser(), (CLOSE_FORBIDDEN, f"This token lacks the '{Scope.READ}' scope."), None
     token.note_use(client_address(request))
-    return token.user, None
+    return token.user, None, token.pk
+
+
+def credential_still_valid(scope: AsgiScope) -> bool:
+    """Whether an open socket's credential still holds: its token is not revoked or expired (and
+    still reads), or its session still exists, for the same active user, with the same password
+    (Django's session hash). Consumers ask this every WS_CREDENTIAL_RECHECK_SECONDS and close
+    when it no longer does (console/telemetry/consumers.py)."""
+    token_id = scope.get("api_token_id")
+    if token_id is not None:
+        token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
+        return not token_refused(token) and token is not None and token.allows(Scope.READ)
+    user = scope.get("user")
+    key = getattr(scope.get("session"), "session_key", None)
+    if not key or user is None or not user.is_authenticated:
+        return False
+    data = SessionStore(session_key=key).load()
+    if str(data.get(SESSION_KEY, "")) != str(user.pk):
+        return False
+    fresh = get_user_model().objects.filter(pk=user.pk, is_active=True).first()
+    return fresh is not None and constant_time_compare(
+        str(data.get(HASH_SESSION_KEY, "")), fresh.get_session_auth_hash()
+    )
 
 
 class BearerOrSession:
@@ -101,6 +123,6 @@ class BearerOrSession:
         header = bearer_value(scope)
         if header is None:
             return await self.session_app(scope, receive, send)
-        user, refusal = await database_sync_to_async(authenticate)(header, scope)
-        scope = dict(scope, user=user, ws_refusal=refusal, auth_method="token")
+        user, refusal, token_id = await database_sync_to_async(authenticate)(header, scope)
+        scope = dict(scope, user=user, ws_refusal=refusal, auth_method="token", api_token_id=token_id)
         return await self.token_app(scope, receive, send)

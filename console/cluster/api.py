@@ -298,14 +298,15 @@ class Enrol(APIView):
 
     @extend_schema(request=EnrolRequestSerializer, responses={201: EnrolResponseSerializer})
     def post(self, request: Request) -> Response:
-        lockout.check_token_lockout(request, None)
+        lockout.check_address_lockout(request)
         given = EnrolRequestSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         name = given.validated_data["name"]
         try:
             _, secret = tokens.enrol(name, given.validated_data["join_token"])
         except tokens.EnrolmentRefused as refused:
-            lockout.token_failed(request, None)
+            tokens.record_refused_enrolment(name, given.validated_data["join_token"], str(refused))
+            lockout.address_failed(request)
             raise exceptions.PermissionDenied(str(refused)) from None
         return Response(
             {"name": name, "secret": secret, "command_key": command_signer().public_key},

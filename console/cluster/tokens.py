@@ -141,8 +141,10 @@ def issue_join_token(
 
 
 def enrol(node_name: str, join_token: str) -> tuple[NodeCredential, str]:
-    """Spends ``join_token`` and gives ``node_name`` a new secret (replacing any it had, revoked
-    or not: the operator made a new join token for it). Raises EnrolmentRefused."""
+    """Spends ``join_token`` and gives ``node_name`` a new secret. A node that already has a live
+    credential (or that the console knows without one) is replaced only by a join token made for
+    its name: a token naming no node enrols new names, and names whose credential was revoked.
+    Raises EnrolmentRefused."""
     from console.core.models import AuditEntry
 
     now = timezone.now()
@@ -156,6 +158,11 @@ def enrol(node_name: str, join_token: str) -> tuple[NodeCredential, str]:
             raise EnrolmentRefused("This join token has expired; create a new one.")
         if token.node_name and token.node_name != node_name:
             raise EnrolmentRefused(f"This join token is for node {token.node_name!r} only.")
+        if not token.node_name and _name_taken(node_name):
+            raise EnrolmentRefused(
+                f"Node {node_name!r} is already known to this console: only a join token made for "
+                f"that node name may replace its credential."
+            )
         raw = SECRET_PREFIX + secrets.token_urlsafe(32)
         credential, _ = NodeCredential.objects.update_or_create(
             node_name=node_name,
@@ -181,6 +188,34 @@ def enrol(node_name: str, join_token: str) -> tuple[NodeCredential, str]:
         )
     log.info("node %r enrolled with join token %s", node_name, token.prefix)
     return credential, raw
+
+
+def _name_taken(node_name: str) -> bool:
+    """Whether ``node_name`` belongs to a node that a join token naming no node must not take
+    over: one with a live credential, or one the console knows that has no credential at all
+    (it speaks with the shared token). A revoked credential may be replaced by any join token:
+    the node's own messages are refused already."""
+    from console.cluster.models import Node
+
+    credential = NodeCredential.objects.filter(node_name=node_name).first()
+    if credential is not None:
+        return not credential.revoked
+    return Node.objects.filter(name=node_name).exists()
+
+
+def record_refused_enrolment(node_name: str, join_token: str, reason: str) -> None:
+    """Audit a refused enrolment: the node name it claimed, the join token's visible prefix, why."""
+    from console.core.models import AuditEntry
+
+    AuditEntry.record_raw(
+        None,
+        "node.enrol_failed",
+        target_type="nodecredential",
+        target_id="",
+        actor_name=f"node:{node_name}"[:150],
+        join_token=(join_token or "")[:PREFIX_LENGTH],
+        reason=reason,
+    )
 
 
 def revoke(credential: NodeCredential, user: Any) -> bool:

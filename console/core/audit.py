@@ -85,6 +85,11 @@ class AuditContextMiddleware:
             _current_request.reset(reset)
 
 
+def current_request() -> HttpRequest | None:
+    """The request being served in this context, if any."""
+    return _current_request.get()
+
+
 def with_request(request: HttpRequest) -> contextvars.Token[HttpRequest | None]:
     """For code that handles a request outside the middleware chain (signals given a request)."""
     return _current_request.set(request)

@@ -7,13 +7,14 @@ import contextvars
 from typing import Any
 
 from axes.signals import user_locked_out
+from django.conf import settings
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.http import HttpRequest
 
-from console.core.audit import AuthMethod, with_request
+from console.core.audit import AuthMethod, current_request, with_request
 from console.core.models import AuditEntry
 
 ADMIN_ACTIONS = {ADDITION: "admin.add", CHANGE: "admin.change", DELETION: "admin.delete"}
@@ -61,8 +62,8 @@ def audit_logout(sender: Any, request: HttpRequest | None, user: Any, **kwargs: 
 def audit_login_failed(
     sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
 ) -> None:
-    # Failed token attempts are recorded by the token authentication itself, with more detail.
-    if credentials.get("trainyard_token"):
+    # Failed enrolments are recorded by the enrolment itself (node.enrol_failed), with more detail.
+    if credentials.get("trainyard_enrolment"):
         return
     username = str(credentials.get("username") or "")[:150]
     _with(
@@ -108,4 +109,23 @@ def audit_admin_edit(sender: Any, instance: LogEntry, created: bool, **kwargs: A
         via=AuthMethod.SESSION,
         object=instance.object_repr,
         change=instance.get_change_message(),
+    )
+
+
+@receiver(post_save, sender=settings.AUTH_USER_MODEL, dispatch_uid="audit_password_changed")
+def audit_password_changed(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+    """Every way a password changes (the password-change page, the admin, ``changepassword``,
+    ``createadmin``) goes through ``set_password`` and ``save``; Django keeps the new raw password
+    in ``_password`` until the save has run (to tell the validators), which is how a change is
+    told from another edit. The actor is whoever made the request (the user, or an admin)."""
+    if created or getattr(instance, "_password", None) is None:
+        return
+    request = current_request()
+    actor = getattr(request, "user", None) if request is not None else None
+    AuditEntry.record(
+        actor,
+        "auth.password_changed",
+        instance,
+        user=instance.get_username(),
+        by_self=bool(actor is not None and getattr(actor, "pk", None) == instance.pk),
     )

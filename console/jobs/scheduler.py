@@ -108,6 +108,11 @@ def _units(snap: Snapshot, plan: Plan) -> int:
 def _no_room(snap: Snapshot, ask: Ask, ledger: Ledger) -> str:
     fitting = len(snap.fitting())
     where = f" in pool {ask.pool}" if ask.pool else ""
+    if fitting >= snap.job.min_nodes:  # room enough, but not on nodes that reach each other
+        return (
+            f"Needs {snap.job.min_nodes} node(s) that reach each other; {fitting} have room, but the "
+            f"network check failed between some of them: {'; '.join(snap.apart())}"
+        )[:255]
     message = (
         f"Pool full{where}: needs {snap.job.min_nodes} node(s) with {snap.job.needs()} each, "
         f"{fitting} {'has' if fitting == 1 else 'have'} room"

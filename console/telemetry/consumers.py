@@ -1,10 +1,13 @@
 """Websocket consumers: ``/ws/jobs/<id>/`` and ``/ws/cluster/``.
 
 Close codes: 4401 not signed in (or not allowed, or a refused bearer token), 4403 a token
-without the ``read`` scope, 4429 locked out after repeated failed tokens (console/api/ws_auth.py),
+without the ``read`` scope (console/api/ws_auth.py),
 4404 no such job, 4400 malformed client message. A job viewer that sends ``{"type": "resume", "after": N}`` gets every event with
 seq > N from the database and then live ones: the consumer joins the group before it queries,
 so nothing falls between the two, and drops live events it already sent from the backlog.
+
+Every open socket re-checks its credential every WS_CREDENTIAL_RECHECK_SECONDS (at most 60) and
+closes with 4401 once its token is revoked or expired, or its session signed out.
 
 Live metric frames do not come through the channel layer: the process's FrameHub
 (console.telemetry.fanout) subscribes once per job and hands each frame to every local viewer.
@@ -14,13 +17,16 @@ A viewer that fell too far behind gets ``{"type": "gap", "dropped": n}`` before 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
+from console.api.ws_auth import credential_still_valid
 from console.core.roles import can_view
 from console.jobs.models import Job, job_summary
 from console.teams import access
@@ -88,8 +94,23 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
         for group in self.groups_to_join:
             await self.channel_layer.group_add(group, self.channel_name)
         self.joined = True
+        self.recheck = asyncio.ensure_future(self.recheck_credential())
         await self.joined_groups()
         await self.welcome()
+
+    async def recheck_credential(self) -> None:
+        """Close the socket once its credential no longer holds (revoked, expired, signed out)."""
+        while True:
+            await asyncio.sleep(settings.WS_CREDENTIAL_RECHECK_SECONDS)
+            try:
+                valid = await database_sync_to_async(credential_still_valid)(self.scope)
+            except Exception:  # the database is away: keep the socket, check again next time
+                log.exception("re-checking a websocket's credential failed")
+                continue
+            if not valid:
+                log.info("closing websocket %s: its credential no longer holds", self.scope.get("path"))
+                await self.close(code=CLOSE_UNAUTHORIZED, reason="Signed out, or the token was revoked.")
+                return
 
     async def authorize(self) -> bool:
         return True
@@ -104,6 +125,9 @@ class TelemetryConsumer(AsyncWebsocketConsumer):
         return None
 
     async def disconnect(self, code: int) -> None:
+        recheck = getattr(self, "recheck", None)
+        if recheck is not None:
+            recheck.cancel()
         if getattr(self, "joined", False):
             await self.left_groups()
             for group in self.groups_to_join:

@@ -47,8 +47,9 @@ def with_command_key(env: dict[str, str], root: Path) -> dict[str, str]:
 
 # --- how each component is started ---------------------------------------------------------------
 def web_argv(port: int, host: str = "127.0.0.1") -> list[str]:
-    """Daphne serving the console (pages, API, websockets), as bin/run and docker-compose run it."""
-    return [str(VENV_BIN / "daphne"), "-b", host, "-p", str(port), "console.asgi:application"]
+    """Daphne serving the console (pages, API, websockets) with bounded request bodies
+    (console/webserver.py), as bin/run and docker-compose run it."""
+    return [PYTHON, "-m", "console.webserver", "-b", host, "-p", str(port), "console.asgi:application"]
 
 
 def ingest_argv(consumer: str = "", *extra: str) -> list[str]:

@@ -14,10 +14,12 @@ An agent that did not enrol is given the key by its config (``--console-key``).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -69,6 +71,32 @@ def resolve_credential(config: AgentConfig) -> str:
     )
 
 
+def plain_http_warning(url: str) -> str | None:
+    """What to warn about when a secret would go to ``url`` in clear text: plain http to a host
+    other than this one (loopback is fine). None when there is nothing to warn about."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return None
+    host = parts.hostname or ""
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (
+        f"sending this node's secret over plain http to {host}: anyone on the path can read it; "
+        "give the console an https:// URL (a TLS reverse proxy: docs/deploy.md)"
+    )
+
+
+def warn_if_plain_http(url: str) -> None:
+    warning = plain_http_warning(url)
+    if warning is not None:
+        logger.warning(warning)
+
+
 def resolve_console_url(config: AgentConfig) -> str:
     """The console's web address this agent uses (enrolment, code bundles): ``--console``, which
     is remembered in ``<data dir>/console_url``, or the one remembered from an earlier start ("":
@@ -112,6 +140,7 @@ def enrol(console_url: str, name: str, join_token: str, patience: float = 0.0) -
             "--join-token needs --console URL (TRAINYARD_CONSOLE_URL), the console's web address"
         )
     url = console_url.rstrip("/") + ENROL_PATH
+    warn_if_plain_http(url)
     deadline = time.monotonic() + patience
     while True:
         try:

@@ -441,8 +441,10 @@ def fetch_bundle(config: AgentConfig, spec: RoundSpec) -> Path | None:
     dest = config.bundles_dir / sha256
     if dest.is_dir():
         return dest
+    from workers.agent.credential import warn_if_plain_http
     from workers.bundles import extract_bundle
 
+    warn_if_plain_http(bundle["url"])
     config.bundles_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=config.bundles_dir, prefix=".fetch-") as tmp:
         archive = Path(tmp) / "bundle"

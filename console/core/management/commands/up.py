@@ -265,7 +265,16 @@ class Console:
         sup.start(
             ChildSpec(
                 "web",
-                [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
+                [
+                    python,
+                    "-m",
+                    "console.webserver",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "console.asgi:application",
+                ],
                 grace=STOP_GRACE_SECONDS["web"],
             )
         )
