@@ -59,7 +59,7 @@ def test_enrolment_checks_the_new_node_against_the_others_in_a_star(decide: Deci
 
     enrolled = decide(registry.register_node, "c", "session-c", {**INFO, "address": "10.0.0.9"})
 
-    checks = [s for s in enrolled.sent() if s[0] == protocol.AGENT_PREFLIGHT]
+    checks = [s for s in enrolled.all_sent() if s[0] == protocol.AGENT_PREFLIGHT]
     by_node = {queue: kwargs["request"] for _, queue, kwargs in checks}
     assert sorted(by_node) == ["node.a", "node.b", "node.c"]
     check = NetworkCheck.objects.get()
@@ -145,7 +145,7 @@ def test_a_first_round_on_nodes_never_checked_together_checks_them(decide: Decid
     assert nodes_of(job) == ["a", "b"]
     check = NetworkCheck.objects.get()
     assert check.reason == NetworkCheck.Reason.FIRST_ROUND and check.nodes == ["a", "b"]
-    assert sorted(q for n, q, _ in started.sent() if n == protocol.AGENT_PREFLIGHT) == ["node.a", "node.b"]
+    assert sorted(q for n, q, _ in started.all_sent() if n == protocol.AGENT_PREFLIGHT) == ["node.a", "node.b"]
 
 
 def test_the_api_starts_a_check_and_lists_links(decide: Decide, admin_user: Any) -> None:

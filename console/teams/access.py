@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from django.db.models import Model, Q, QuerySet
 
 from console.core.roles import is_operator
-from console.teams.models import ROLE_LEVEL, Membership, Role, Workspace
+from console.teams.models import ROLE_LEVEL, Membership, Role, Workspace, default_workspace_id
 
 M = TypeVar("M", bound=Model)
 
@@ -33,6 +33,7 @@ def roles(user: Any) -> dict[int, str]:
         return {pk: Role.ADMIN.value for pk in Workspace.objects.values_list("pk", flat=True)}
     found: dict[int, str] = {}
     open_role = Role.EDITOR.value if is_operator(user) else Role.VIEWER.value
+    default_workspace_id()  # made again if gone (a flushed database), as the migration made it
     for pk in Workspace.objects.filter(everyone=True).values_list("pk", flat=True):
         found[pk] = open_role
     for pk, role in Membership.objects.filter(user=user).values_list("workspace_id", "role"):

@@ -45,16 +45,22 @@ class Decided:
     commands: list[Command] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
-    def sent(self) -> list[tuple[str, str, dict[str, Any]]]:
+    def all_sent(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every command, pre-flight network checks (console/cluster/network.py) included."""
         return [(c.name, c.queue, c.kwargs) for c in self.commands]
 
+    def sent(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """What was sent but pre-flight network checks (tests of those read ``all_sent()``): a
+        decision's exact commands, whether or not its nodes were checked together before."""
+        return [s for s in self.all_sent() if s[0] != protocol.AGENT_PREFLIGHT]
+
     def rounds_sent(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """What was sent but pre-flight network checks (console/cluster/network.py)."""
-        return [s for s in self.sent() if s[0] != protocol.AGENT_PREFLIGHT]
+        return self.sent()
 
     def to_agents(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """Commands to node queues only (not the controller's own tick requests)."""
-        return [s for s in self.sent() if s[1].startswith("node.")]
+        """Commands to node queues only (not the controller's own tick requests), pre-flight
+        network checks aside (tests of those read ``all_sent()``)."""
+        return [s for s in self.rounds_sent() if s[1].startswith("node.")]
 
     def kinds(self) -> list[str]:
         return [e.kind for e in self.events]
