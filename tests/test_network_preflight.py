@@ -145,7 +145,10 @@ def test_a_first_round_on_nodes_never_checked_together_checks_them(decide: Decid
     assert nodes_of(job) == ["a", "b"]
     check = NetworkCheck.objects.get()
     assert check.reason == NetworkCheck.Reason.FIRST_ROUND and check.nodes == ["a", "b"]
-    assert sorted(q for n, q, _ in started.all_sent() if n == protocol.AGENT_PREFLIGHT) == ["node.a", "node.b"]
+    assert sorted(q for n, q, _ in started.all_sent() if n == protocol.AGENT_PREFLIGHT) == [
+        "node.a",
+        "node.b",
+    ]
 
 
 def test_the_api_starts_a_check_and_lists_links(decide: Decide, admin_user: Any) -> None:
