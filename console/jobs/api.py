@@ -308,7 +308,7 @@ class RoundSerializer(serializers.ModelSerializer):
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", default=None, read_only=True)
     workspace = serializers.CharField(source="workspace.name", read_only=True)
-    pool = serializers.CharField(source="pool.name", default=None, read_only=True)
+    pool = serializers.CharField(source="pool.name", default=None, read_only=True, allow_null=True)
     round = serializers.IntegerField(source="round_number", read_only=True)
     world_size = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
