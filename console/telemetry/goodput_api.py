@@ -27,9 +27,16 @@ class GoodputQuery(serializers.Serializer):
     bins = serializers.IntegerField(required=False, min_value=0, max_value=MAX_BINS, default=0)
 
 
+# One class (one schema component) for the job's and the cluster's buckets.
+GoodputSeconds = type(
+    "GoodputSeconds",
+    (serializers.Serializer,),
+    {b: serializers.FloatField(help_text=f"seconds {b}") for b in BUCKETS},
+)
+
+
 def _seconds() -> serializers.Serializer:
-    fields = {b: serializers.FloatField(help_text=f"seconds {b}") for b in BUCKETS}
-    return type("GoodputSeconds", (serializers.Serializer,), fields)()  # type: ignore[no-any-return]
+    return GoodputSeconds()  # type: ignore[no-any-return]
 
 
 class SegmentSerializer(serializers.Serializer):
