@@ -31,7 +31,7 @@ def test_an_elastic_job_grows_onto_a_node_that_registers(decide: Decide) -> None
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
 
     registered = decide(registry.register_node, "b", "session-1", INFO)
-    assert registered.rounds_sent() == [(protocol.AGENT_SYNC, "node.b", {"rounds": []}), TICK]
+    assert registered.sent() == [(protocol.AGENT_SYNC, "node.b", {"rounds": []}), TICK]
     assert registered.kinds() == ["node.registered"]
 
     grown = decide(scheduler.tick)

@@ -35,10 +35,6 @@ GoodputSeconds = type(
 )
 
 
-def _seconds() -> serializers.Serializer:
-    return GoodputSeconds()  # type: ignore[no-any-return]
-
-
 class SegmentSerializer(serializers.Serializer):
     start = serializers.FloatField(help_text="unix seconds")
     end = serializers.FloatField()
@@ -52,7 +48,7 @@ class JobGoodputSerializer(serializers.Serializer):
     end = serializers.FloatField()
     wall_seconds = serializers.FloatField()
     goodput = serializers.FloatField(allow_null=True, help_text="productive seconds over wall seconds")
-    seconds = _seconds()
+    seconds = GoodputSeconds()
     segments = SegmentSerializer(many=True)
     bins = serializers.ListField(child=serializers.DictField(child=serializers.FloatField()), required=False)
 
@@ -62,7 +58,7 @@ class ClusterWindowSerializer(serializers.Serializer):
     wall_seconds = serializers.FloatField()
     window_seconds = serializers.FloatField()
     goodput = serializers.FloatField(allow_null=True)
-    seconds = _seconds()
+    seconds = GoodputSeconds()
 
 
 class ClusterGoodputSerializer(serializers.Serializer):

@@ -54,13 +54,10 @@ class Decided:
         decision's exact commands, whether or not its nodes were checked together before."""
         return [s for s in self.all_sent() if s[0] != protocol.AGENT_PREFLIGHT]
 
-    def rounds_sent(self) -> list[tuple[str, str, dict[str, Any]]]:
-        return self.sent()
-
     def to_agents(self) -> list[tuple[str, str, dict[str, Any]]]:
         """Commands to node queues only (not the controller's own tick requests), pre-flight
         network checks aside (tests of those read ``all_sent()``)."""
-        return [s for s in self.rounds_sent() if s[1].startswith("node.")]
+        return [s for s in self.sent() if s[1].startswith("node.")]
 
     def kinds(self) -> list[str]:
         return [e.kind for e in self.events]
