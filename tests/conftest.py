@@ -62,3 +62,27 @@ from tests.support.live import live_console  # noqa: E402, F401  (fixture: conso
 from tests.support.ps import ps_job  # noqa: E402, F401  (fixture: PS-job processes on localhost)
 from tests.support.up import consoles  # noqa: E402, F401  (fixture: `manage.py up` consoles)
 from tests.support.web import console_url  # noqa: E402, F401  (fixture: the console over HTTP)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connections() -> None:
+    """Every test starts on connections that answer, as every request does in the console.
+
+    Django health-checks a connection before reuse once close_old_connections() has run, which
+    the console's request and websocket paths do. Channels' test communicator turns that off
+    (channels/testing/application.py patches it to a no-op), so the connection of asgiref's
+    sync thread, which the websocket tests' database calls share, would stay dead after a test
+    that cuts every backend (tests/test_db_wait.py, tests/test_ingest_faults.py) and fail the
+    next websocket test. Run it here, on the test's thread and on that one.
+
+    Likewise each test gets channel layers of its own: a layer keeps asyncio locks per channel,
+    bound to the event loop of the test that made them (each websocket test runs its own loop).
+    """
+    from asgiref.sync import SyncToAsync
+    from channels.layers import channel_layers
+    from django.db import close_old_connections
+
+    channel_layers.backends = {}
+
+    close_old_connections()
+    SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=30)

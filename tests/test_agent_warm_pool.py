@@ -126,6 +126,7 @@ PER_RANK_VARS = {
     protocol.ENV_TELEMETRY,
     protocol.ENV_CONTROL,
     protocol.ENV_TENSORBOARD_DIR,
+    protocol.ENV_PROGRESS,
     END_FILE_ENV,
 }
 

@@ -91,17 +91,20 @@ def test_unset_urls_mean_the_embedded_servers_on_ports_kept_in_trainyard_home(tm
     # Then both point at the embedded PostgreSQL and Redis, on the ports saved under TRAINYARD_HOME
     pg_port = (tmp_path / "postgres" / "port").read_text().strip()
     redis_port = (tmp_path / "redis" / "port").read_text().strip()
+    redis_password = (tmp_path / "redis" / "password").read_text().strip()
+    assert redis_password
     assert first == [
         "django.db.backends.postgresql",
         "127.0.0.1",
         pg_port,
         "trainyard",
         "postgres",
-        f"redis://127.0.0.1:{redis_port}/0",
+        f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
     ]
     assert second == first
     assert pg_port != redis_port
     assert (tmp_path / "postgres" / "password").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "redis" / "password").stat().st_mode & 0o777 == 0o600
 
 
 def test_secret_key_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ SECRETS = {
     "DATABASE_URL": "postgres://postgres:db-password-7f3a@127.0.0.1:5432/trainyard",
     "REDIS_URL": "redis://:redis-password-9c1e@127.0.0.1:6379/0",
     "SECRET_KEY": "django-secret-4d2b",
-    "TRAINYARD_JOIN_TOKEN": "tyj_join-secret-1a2b",
+    "TRAINYARD_TOKEN": "ty_cli-token-secret-1a2b",  # an operator's CLI token in the shell
     "AWS_SECRET_ACCESS_KEY": "aws-secret-5e6f",
     "GITHUB_TOKEN": "ghp_github-secret-8a9b",
 }
