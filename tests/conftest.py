@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -65,7 +66,7 @@ from tests.support.web import console_url  # noqa: E402, F401  (fixture: the con
 
 
 @pytest.fixture(autouse=True)
-def _fresh_connections() -> None:
+def _fresh_connections(django_db_blocker: Any) -> None:
     """Every test starts on connections that answer, as every request does in the console.
 
     Django health-checks a connection before reuse once close_old_connections() has run, which
@@ -83,6 +84,6 @@ def _fresh_connections() -> None:
     from django.db import close_old_connections
 
     channel_layers.backends = {}
-
-    close_old_connections()
-    SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=30)
+    with django_db_blocker.unblock():  # (a test without the database may hold a connection)
+        close_old_connections()
+        SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=30)
