@@ -74,7 +74,8 @@ def _fresh_connections(django_db_blocker: Any) -> None:
     (channels/testing/application.py patches it to a no-op), so the connection of asgiref's
     sync thread, which the websocket tests' database calls share, would stay dead after a test
     that cuts every backend (tests/test_db_wait.py, tests/test_ingest_faults.py) and fail the
-    next websocket test. Run it here, on the test's thread and on that one.
+    next websocket test. Run it here, on that thread (not on the test's own: its connection is
+    inside the test's transaction).
 
     Likewise each test gets channel layers of its own: a layer keeps asyncio locks per channel,
     bound to the event loop of the test that made them (each websocket test runs its own loop).
@@ -85,5 +86,4 @@ def _fresh_connections(django_db_blocker: Any) -> None:
 
     channel_layers.backends = {}
     with django_db_blocker.unblock():  # (a test without the database may hold a connection)
-        close_old_connections()
         SyncToAsync.single_thread_executor.submit(close_old_connections).result(timeout=30)
