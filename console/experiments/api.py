@@ -24,6 +24,7 @@ from console.experiments import space as spaces
 from console.experiments.models import Direction, Pruner, Sampler, Sweep, Trial, TrialState
 from console.jobs import actions as job_actions
 from console.jobs.api import IsOperatorOrReadOnly
+from console.jobs.env_names import HIDDEN
 from console.jobs.models import Job
 from console.telemetry.api import BucketSerializer
 from console.telemetry.downsample import MAX_QUERY_POINTS, query_series
@@ -170,7 +171,9 @@ class SweepSerializer(serializers.ModelSerializer):
         spec = dict(sweep.spec)
         request = self.context.get("request")
         if spec.get("env") and not (request is not None and may_see_env_values(request.user, sweep)):
-            spec["env"] = dict.fromkeys(spec["env"], "(hidden)")
+            spec["env"] = dict.fromkeys(spec["env"], HIDDEN)
+        if "secret_env" in spec:  # write-only, as a job's: its names only, to anyone
+            spec["secret_env"] = sorted(spec["secret_env"] or {})
         return spec
 
     def _trials(self, sweep: Sweep) -> list[Trial]:

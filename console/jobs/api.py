@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -14,10 +15,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.api.errors import Conflict
-from console.api.models import Scope
+from console.api.models import ApiToken, Scope
 from console.jobs import actions, hangs
 from console.jobs import roles as job_roles
-from console.jobs.env_names import ENV_NAME, RESERVED_ENV
+from console.jobs.env_names import ENV_NAME, HIDDEN, RESERVED_ENV
 from console.jobs.models import Allocation, Bundle, Job, Precision, Round, Strategy
 from console.jobs.queries import JobFilter, attach_current_rounds, job_ordering
 from console.jobs.tenancy import IsOperatorOrReadOnly, submit_pool, submit_workspace, visible_job
@@ -77,6 +78,14 @@ class JobSpecSerializer(serializers.Serializer):
     env = serializers.DictField(
         child=serializers.CharField(max_length=8192, allow_blank=True), required=False, default=dict
     )
+    secret_env = serializers.DictField(
+        child=serializers.CharField(max_length=8192, allow_blank=True),
+        required=False,
+        default=dict,
+        write_only=True,
+        help_text="Variables whose values are write-only (API keys, tokens): the ranks get them; "
+        "the API, pages and admin show their names only",
+    )
     hyperparameters = serializers.DictField(required=False, default=dict)
     roles = serializers.DictField(
         required=False,
@@ -135,6 +144,9 @@ class JobSpecSerializer(serializers.Serializer):
                 raise serializers.ValidationError(f"{key} is set by the launcher and cannot be overridden.")
         return value
 
+    def validate_secret_env(self, value: dict[str, str]) -> dict[str, str]:
+        return self.validate_env(value)
+
     def validate_entrypoint(self, value: str) -> str:
         if "\x00" in value:
             raise serializers.ValidationError("The entrypoint contains a NUL byte.")
@@ -143,6 +155,10 @@ class JobSpecSerializer(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         workload, entrypoint = attrs.get("workload", ""), attrs.get("entrypoint", "")
         self._validate_roles(attrs)
+        if both := sorted(set(attrs.get("env", {})) & set(attrs.get("secret_env", {}))):
+            raise serializers.ValidationError(
+                {"secret_env": [f"{', '.join(both)}: give a variable in env or in secret_env, not both."]}
+            )
         if bool(workload) == bool(entrypoint):
             raise serializers.ValidationError(
                 {
@@ -315,6 +331,10 @@ class JobSerializer(serializers.ModelSerializer):
     nnodes = serializers.CharField(read_only=True)
     elastic = serializers.SerializerMethodField()
     hang = serializers.JSONField(source="hang_policy", read_only=True)
+    env = serializers.SerializerMethodField(
+        help_text=f'Values for editors of its workspace; for anyone else each value reads "{HIDDEN}"'
+    )
+    secret_env = serializers.SerializerMethodField(help_text="The names of its write-only variables")
 
     class Meta:
         model = Job
@@ -351,6 +371,7 @@ class JobSerializer(serializers.ModelSerializer):
             "priority",
             "grace_period",
             "env",
+            "secret_env",
             "hyperparameters",
             "roles",
             "elastic",
@@ -363,6 +384,35 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_elastic(self, job: Job) -> str:
         return "inplace" if job.inplace else "restart"
+
+    @extend_schema_field(serializers.DictField(child=serializers.CharField(allow_blank=True)))
+    def get_env(self, job: Job) -> dict[str, str]:
+        if self._may_see_env_values(job):
+            return {str(k): str(v) for k, v in job.env.items()}
+        return dict.fromkeys(map(str, job.env), HIDDEN)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_secret_env(self, job: Job) -> list[str]:
+        return sorted(map(str, job.secret_env))
+
+    @cached_property
+    def _env_values_by_workspace(self) -> dict[int | None, bool]:
+        return {}
+
+    def _may_see_env_values(self, job: Job) -> bool:
+        """Editors of the job's workspace (who may run it again) see its env values; viewers and
+        read-only tokens do not. The answer is kept per workspace for a page of jobs."""
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if user is None:
+            return False
+        token = getattr(request, "auth", None)
+        if isinstance(token, ApiToken) and not token.allows(Scope.JOBS_WRITE.value):
+            return False
+        seen: dict[int | None, bool] = self._env_values_by_workspace
+        if job.workspace_id not in seen:
+            seen[job.workspace_id] = access.may(user, job.workspace_id, Role.EDITOR)
+        return seen[job.workspace_id]
 
     def _current(self, job: Job) -> Round | None:
         """The current round, as attach_current_rounds loaded it for a page (one query per job
@@ -453,7 +503,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         assert page is not None
         attach_current_rounds(page)  # no query per job (tests/test_api_job_list.py counts them)
-        return self.get_paginated_response(JobSerializer(page, many=True).data)
+        return self.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
 
     @extend_schema(
         parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH)],
@@ -476,7 +526,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         spec = JobSpecSerializer(data=request.data)
         spec.is_valid(raise_exception=True)
         job = actions.submit_job(spec.to_job(request.user), request.user)
-        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(
+            JobDetailSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=ResizeSerializer, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -495,19 +547,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             )
         else:
             job = _control(actions.resize_job, self._editable(request, pk), data["nodes"], request.user)
-        return Response(JobDetailSerializer(job).data)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str) -> Response:
         job = _control(actions.restart_job, self._editable(request, pk), request.user)
-        return Response(JobDetailSerializer(job).data)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
 
     @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str) -> Response:
         job = _control(actions.stop_job, self._editable(request, pk), request.user)
-        return Response(JobDetailSerializer(job).data)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
 
     @staticmethod
     def _editable(request: Request, pk: str) -> int:

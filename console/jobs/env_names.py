@@ -7,6 +7,8 @@ import re
 from workers.ps import contract as ps_contract
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What an env value reads as to someone who may not see it (a viewer, a read token).
+HIDDEN = "(hidden)"
 # Names the launcher owns: a job may not override the rendezvous or rank contract.
 RESERVED_ENV = {
     "RANK",

@@ -95,6 +95,9 @@ class Job(models.Model):
     priority = models.IntegerField(default=0)
     grace_period = models.FloatField(default=30.0, help_text="Seconds between SIGTERM and SIGKILL")
     env = models.JSONField(default=dict, blank=True)
+    # Write-only: given at submit, handed to the ranks, never returned by the API, shown in the
+    # admin or written to a log (names only: JobSerializer's secret_env).
+    secret_env = models.JSONField(default=dict, blank=True, editable=False)
     hyperparameters = models.JSONField(default=dict, blank=True)
     # parameter_server only: {"ps": {"count": M, "mode": "async"}, "worker": {"count": N, "min": a,
     # "max": b}} (console/jobs/roles.py checks it). Empty for allreduce.

@@ -43,7 +43,7 @@ def round_spec(
         "args": [str(a) for a in job.args],
         "bundle": bundle,
         "workdir": job.workdir,
-        "env": {str(k): str(v) for k, v in job.env.items()},
+        "env": {str(k): str(v) for k, v in {**job.env, **job.secret_env}.items()},
         "hyperparameters": job.hyperparameters,
         "strategy": job.strategy,
         "precision": job.precision,

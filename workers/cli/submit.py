@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -87,6 +88,23 @@ def load_spec(path: str, overrides: list[str]) -> dict[str, Any]:
             target = child
         target[leaf] = parse_yaml(value)
     return spec
+
+
+def secrets_from_environment(names: list[str]) -> dict[str, str]:
+    """``--secret-env NAME``: NAME's value from the caller's environment (a value never goes on
+    a command line, which every user of the host can read)."""
+    found: dict[str, str] = {}
+    for name in names:
+        if "=" in name:
+            raise CliError(
+                f"--secret-env {name.split('=')[0]}: give the name only; the value is read from "
+                "your environment (a command line is readable by every user of the host).",
+                Exit.USAGE,
+            )
+        if name not in os.environ:
+            raise CliError(f"--secret-env {name}: {name} is not set in your environment.", Exit.USAGE)
+        found[name] = os.environ[name]
+    return found
 
 
 class Counting:
@@ -183,6 +201,15 @@ def submit(
         Path | None,
         typer.Option("--bundle", "--workdir", metavar="DIR", help="Upload DIR as the job's code bundle."),
     ] = None,
+    secret_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret-env",
+            metavar="NAME",
+            help="Hand the ranks this variable of your environment, write-only: the console shows "
+            "its name, never its value (repeatable).",
+        ),
+    ] = None,
     exclude: ExcludeOption = None,
     json_flag: JsonOption = False,
     output: OutputOption = None,
@@ -194,6 +221,8 @@ def submit(
     """
     as_json = wants_json(json_flag, output)
     spec = load_spec(spec_file, set_ or [])
+    if secret_env:
+        spec["secret_env"] = {**(spec.get("secret_env") or {}), **secrets_from_environment(secret_env)}
     session = console()
     if bundle is not None:
         uploaded = upload_bundle(session, bundle, exclude or [], quiet=as_json)
