@@ -64,7 +64,7 @@ GET    /api/v1/bundles/{bundle}/           401 200 200 200  200 403 403 200  401
 *      /api/v1/bundles/{bundle}/           401 405 405 405  403 403 403 405  401 401 401
 GET    /api/v1/bundles/limits/             401 200 200 200  200 403 403 200  401 401 401
 *      /api/v1/bundles/limits/             401 405 405 405  403 403 403 405  401 401 401
-GET    /api/v1/bundles/{sha}/archive/      401 200 200 200  200 403 403 200  401 401 200
+GET    /api/v1/bundles/{sha}/archive/      401 403 200 200  200 403 403 200  401 401 200
 *      /api/v1/bundles/{sha}/archive/      401 405 405 405  403 403 403 405  401 401 405
 GET    /api/v1/jobs/                       401 200 200 200  200 403 403 200  401 401 401
 POST   /api/v1/jobs/                       401 403 201 201  403 201 403 201  401 401 401

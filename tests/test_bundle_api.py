@@ -86,13 +86,20 @@ def test_operator_uploads_dedupes_and_agents_download(
     assert b"".join(download.streaming_content) == content  # type: ignore[attr-defined]
     assert download["X-Bundle-Sha256"] == sha
 
-    signed_in = _client(viewer).get(url)
+    signed_in = _client(operator).get(url)
     assert signed_in.status_code == 200
     assert b"".join(signed_in.streaming_content) == content  # type: ignore[attr-defined]
-    _, raw = ApiToken.issue(viewer, "cli")
+    _, raw = ApiToken.issue(operator, "cli")
     with_api_token = APIClient()
     with_api_token.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert with_api_token.get(url).status_code == 200
+    # A viewer sees the bundle's metadata (above) but not its code, by session or token
+    refused = _client(viewer).get(url)
+    assert refused.status_code == 403 and "editors" in refused.json()["detail"]
+    _, viewers_raw = ApiToken.issue(viewer, "cli")
+    viewers_token = APIClient()
+    viewers_token.credentials(HTTP_AUTHORIZATION=f"Bearer {viewers_raw}")
+    assert viewers_token.get(url).status_code == 403
 
     assert APIClient().get(url).status_code == 401
     impostor = APIClient()

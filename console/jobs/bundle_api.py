@@ -31,6 +31,7 @@ from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Allocation, Bundle
 from console.jobs.tenancy import submit_workspace
 from console.teams import access
+from console.teams.models import Role
 from workers.bundles import UNPACKED_FACTOR
 
 # Multipart framing around the file; a request larger than the limit plus this is refused before
@@ -175,10 +176,21 @@ class BundleArchive(VisibleBundles, RetrieveAPIView[Bundle]):
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:  # type: ignore[override]
         bundle = self.get_object()
         caller = request.user
-        if isinstance(caller, NodeAgent) and caller.identity.node is not None:
-            runs_it = Allocation.objects.filter(node__name=caller.identity.node, round__job__bundle=bundle)
-            if not runs_it.exists():
-                raise exceptions.PermissionDenied("This node runs no job with this bundle.")
+        if isinstance(caller, NodeAgent):
+            if caller.identity.node is not None:
+                runs_it = Allocation.objects.filter(
+                    node__name=caller.identity.node, round__job__bundle=bundle
+                )
+                if not runs_it.exists():
+                    raise exceptions.PermissionDenied("This node runs no job with this bundle.")
+        elif not any(
+            access.may(caller, pk, Role.EDITOR) for pk in bundle.workspaces.values_list("pk", flat=True)
+        ):
+            # Code holds what its authors put there (keys included): its metadata is every
+            # viewer's to see, its content only for those who may run it.
+            raise exceptions.PermissionDenied(
+                "Only editors of a workspace this bundle belongs to may download its code."
+            )
         path = bundle_path(bundle)
         if not path.is_file():
             raise Http404("The bundle's archive is missing from the console's storage.")
