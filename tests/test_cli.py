@@ -158,6 +158,30 @@ def test_cli_round_trip(small_bundle_limit: None, console_url: str, tmp_path: Pa
     assert run_cli(tmp_path, "scale", str(ps_job.pk), "5", "--role", "worker").returncode == 0
     ps_job.refresh_from_db()
     assert ps_job.role_count("worker") == 5
+
+    # A secret from the caller's environment (never its command line): the job holds it, the
+    # CLI's answer only its name
+    os.environ["HF_TOKEN"] = "hf_cli-secret-3b7e"
+    try:
+        secret = run_cli(
+            tmp_path,
+            "submit",
+            str(ps_spec),
+            "--set",
+            "name=with-secret",
+            "--secret-env",
+            "HF_TOKEN",
+            "--json",
+        )
+    finally:
+        del os.environ["HF_TOKEN"]
+    assert secret.returncode == 0, secret.stderr
+    assert "hf_cli-secret-3b7e" not in secret.stdout and json.loads(secret.stdout)["secret_env"] == [
+        "HF_TOKEN"
+    ]
+    with_secret = Job.objects.get(name="with-secret")
+    assert with_secret.secret_env == {"HF_TOKEN": "hf_cli-secret-3b7e"}
+    with_secret.delete()
     by_nodes = run_cli(tmp_path, "scale", str(ps_job.pk), "2")
     assert by_nodes.returncode == 5 and "resize its worker or ps role" in by_nodes.stderr
     ps_job.delete()  # the job counts below are the allreduce job's and the bulk ones
