@@ -387,7 +387,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField(child=serializers.CharField(allow_blank=True)))
     def get_env(self, job: Job) -> dict[str, str]:
-        if self._may_see_env_values(job):
+        if job.workspace_id in self._env_value_workspaces:
             return {str(k): str(v) for k, v in job.env.items()}
         return dict.fromkeys(map(str, job.env), HIDDEN)
 
@@ -396,23 +396,16 @@ class JobSerializer(serializers.ModelSerializer):
         return sorted(map(str, job.secret_env))
 
     @cached_property
-    def _env_values_by_workspace(self) -> dict[int | None, bool]:
-        return {}
-
-    def _may_see_env_values(self, job: Job) -> bool:
-        """Editors of the job's workspace (who may run it again) see its env values; viewers and
-        read-only tokens do not. The answer is kept per workspace for a page of jobs."""
+    def _env_value_workspaces(self) -> frozenset[int]:
+        """Where the caller sees env values: workspaces it edits (who may run the job again),
+        through a session or a token that may write jobs; read-only tokens and viewers: none.
+        Worked out once for a page of jobs."""
         request = self.context.get("request")
         user = getattr(request, "user", None)
-        if user is None:
-            return False
         token = getattr(request, "auth", None)
-        if isinstance(token, ApiToken) and not token.allows(Scope.JOBS_WRITE.value):
-            return False
-        seen: dict[int | None, bool] = self._env_values_by_workspace
-        if job.workspace_id not in seen:
-            seen[job.workspace_id] = access.may(user, job.workspace_id, Role.EDITOR)
-        return seen[job.workspace_id]
+        if user is None or (isinstance(token, ApiToken) and not token.allows(Scope.JOBS_WRITE.value)):
+            return frozenset()
+        return frozenset(access.editable_workspaces(user))
 
     def _current(self, job: Job) -> Round | None:
         """The current round, as attach_current_rounds loaded it for a page (one query per job

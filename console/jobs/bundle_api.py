@@ -31,7 +31,6 @@ from console.jobs.bundles import BundleError, bundle_path, store_bundle
 from console.jobs.models import Allocation, Bundle
 from console.jobs.tenancy import submit_workspace
 from console.teams import access
-from console.teams.models import Role
 from workers.bundles import UNPACKED_FACTOR
 
 # Multipart framing around the file; a request larger than the limit plus this is refused before
@@ -183,9 +182,7 @@ class BundleArchive(VisibleBundles, RetrieveAPIView[Bundle]):
                 )
                 if not runs_it.exists():
                     raise exceptions.PermissionDenied("This node runs no job with this bundle.")
-        elif not any(
-            access.may(caller, pk, Role.EDITOR) for pk in bundle.workspaces.values_list("pk", flat=True)
-        ):
+        elif not bundle.workspaces.filter(pk__in=access.editable_workspaces(caller)).exists():
             # Code holds what its authors put there (keys included): its metadata is every
             # viewer's to see, its content only for those who may run it.
             raise exceptions.PermissionDenied(
