@@ -470,6 +470,10 @@ def test_operator_and_viewer_use_every_page(console_url: str, tmp_path: Path) ->
         for field in ("name", "nnodes", "env", "grace_period"):
             expect(page.locator(f'.field-error[data-for="{field}"]')).not_to_be_empty()
         expect(page.locator('.field-error[data-for="env"]')).to_contain_text("set by the launcher")
+        page.click("#add-secret")
+        page.fill('[aria-label="Secret 1 value"]', "a value without a name")
+        page.click("#submit-button")
+        expect(page.locator('.field-error[data-for="secret_env"]')).to_contain_text("give it a name")
         assert_accessible(page, "submit form")
         shot(page, "submit")
 

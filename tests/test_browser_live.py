@@ -92,6 +92,11 @@ def walk(browser: Any, page: Any, live_console: LiveConsole, errors: list[str], 
     page.fill("#f-restarts", "3")
     page.fill("#f-grace", "10")
     page.fill("#f-env", "TRAINYARD_DEMO=1")
+    # A secret typed into a password field: the job holds it, no page shows it again
+    page.click("#add-secret")
+    page.fill('[aria-label="Secret 1 name"]', "DEMO_TOKEN")
+    page.fill('[aria-label="Secret 1 value"]', "s3cr3t-from-the-form")
+    assert page.get_attribute('[aria-label="Secret 1 value"]', "type") == "password"
     page.click("#submit-button")
     expect(page.locator('.field-error[data-for="name"]')).to_contain_text("letters, digits")
     # When it is fixed and submitted on 2 nodes
@@ -99,10 +104,12 @@ def walk(browser: Any, page: Any, live_console: LiveConsole, errors: list[str], 
     page.click("#submit-button")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    assert in_thread(lambda: Job.objects.get(pk=job_id).secret_env) == {"DEMO_TOKEN": "s3cr3t-from-the-form"}
     mark("submitted")
 
     # Then the job runs at world size 2 and loss, grad-norm and throughput points arrive live
     expect(page.locator("#job-state")).to_have_text("RUNNING", timeout=180000)
+    assert "s3cr3t-from-the-form" not in page.content()
     expect(page.locator("#world-size")).to_have_text("2", timeout=30000)
     for chart, name in [("loss", "loss"), ("grad", "grad_norm"), ("samples", "samples_per_s")]:
         expect(page.locator(f'[data-chart="{chart}"] .chart-legend')).to_contain_text(

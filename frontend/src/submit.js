@@ -84,6 +84,43 @@ function parseEnv(text) {
   return { value };
 }
 
+// Secrets: a name and a password field per row; the values go into the spec's secret_env, which
+// the API keeps write-only (it answers with the names).
+const secretRows = document.getElementById("secret-rows");
+function addSecretRow() {
+  const row = document.createElement("div");
+  row.className = "secret-row";
+  const n = secretRows.children.length + 1;
+  const name = Object.assign(document.createElement("input"), {
+    className: "mono", placeholder: "WANDB_API_KEY", autocomplete: "off", spellcheck: false,
+  });
+  name.dataset.secret = "name";
+  name.setAttribute("aria-label", `Secret ${n} name`);
+  const value = Object.assign(document.createElement("input"), { type: "password", autocomplete: "new-password" });
+  value.dataset.secret = "value";
+  value.setAttribute("aria-label", `Secret ${n} value`);
+  const remove = Object.assign(document.createElement("button"), { type: "button", className: "button ghost small", textContent: "Remove" });
+  remove.setAttribute("aria-label", `Remove secret ${n}`);
+  remove.addEventListener("click", () => row.remove());
+  row.append(name, value, remove);
+  secretRows.append(row);
+  return row;
+}
+document.getElementById("add-secret").addEventListener("click", () => addSecretRow().querySelector("input").focus());
+
+function secretEnv() {
+  const value = {};
+  for (const [i, row] of [...secretRows.querySelectorAll(".secret-row")].entries()) {
+    const name = row.querySelector('[data-secret="name"]').value.trim();
+    const secret = row.querySelector('[data-secret="value"]').value;
+    if (!name && !secret) continue;
+    if (!name) return { error: `Secret ${i + 1}: give it a name.` };
+    if (Object.hasOwn(value, name)) return { error: `${name} is given twice.` };
+    value[name] = secret;
+  }
+  return { value };
+}
+
 function buildSpec() {
   const spec = {
     name: form.elements.name.value.trim(),
@@ -106,6 +143,9 @@ function buildSpec() {
   const env = parseEnv(form.elements.env.value);
   if (env.error) return { error: ["env", env.error] };
   spec.env = env.value;
+  const secrets = secretEnv();
+  if (secrets.error) return { error: ["secret_env", secrets.error] };
+  if (Object.keys(secrets.value).length) spec.secret_env = secrets.value;
   const chosen = form.elements.workload.value.trim();
   if (chosen) {
     spec.workload = chosen;
