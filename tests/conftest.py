@@ -27,6 +27,12 @@ def pytest_configure(config: pytest.Config) -> None:
     ]
     setting_changed.send(None, setting="PASSWORD_HASHERS", value=settings.PASSWORD_HASHERS, enter=True)
 
+    # WhiteNoise walks every static directory (the admin's, ReDoc's, the console's) each time a
+    # handler loads its middleware, and the test client loads it once per Client: 45 ms a client,
+    # minutes over the suite. The suite's own processes (Daphne) serve from the finders as the
+    # console does; tests/test_web.py turns them back on where it fetches static files in-process.
+    settings.WHITENOISE_USE_FINDERS = False
+
     if not settings.NODE_TOKEN:
         settings.NODE_TOKEN = os.environ["TRAINYARD_NODE_TOKEN"] = secrets.token_urlsafe(32)
     # Agents the suite starts verify commands with the console's key (workers/signing.py): the
@@ -36,6 +42,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault("TRAINYARD_COMMAND_KEY_FILE", str(settings.COMMAND_KEY_FILE))
     os.environ.setdefault("TRAINYARD_CONSOLE_KEY", command_signer().public_key)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """bin/test runs the suite in two phases: TRAINYARD_TEST_PHASE=parallel (on pytest-xdist
+    workers) leaves out the tests marked ``alone``, and TRAINYARD_TEST_PHASE=alone runs only them,
+    in one process. Without the variable every test runs."""
+    phase = os.environ.get("TRAINYARD_TEST_PHASE", "")
+    if phase not in ("parallel", "alone"):
+        return
+    keep = [item for item in items if (item.get_closest_marker("alone") is not None) == (phase == "alone")]
+    kept = set(keep)
+    dropped = [item for item in items if item not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.support.agents import (
     AgentProcess,
@@ -32,6 +33,9 @@ from workers.agent.runner import END_FILE_ENV
 from workers.agent.warm import AUTOGROUP_PATH, IMPORT_NICENESS
 from workers.net import free_port
 from workers.protocol import RoundSpec
+
+# The pool pauses imports while the host's cores are busy: these run alone (tests/conftest.py).
+pytestmark = pytest.mark.alone
 
 __all__ = ["agent_procs", "control_queue"]
 

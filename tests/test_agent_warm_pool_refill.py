@@ -32,6 +32,9 @@ from tests.test_agent_warm_pool import exit_of, probe_spec, start_probe, warm_pi
 from workers import protocol
 from workers.agent.warmpool import DEFAULT_WARM_POOL
 
+# The pool pauses imports while the host's cores are busy: these run alone (tests/conftest.py).
+pytestmark = pytest.mark.alone
+
 __all__ = ["agent_procs", "control_queue"]
 
 

@@ -25,7 +25,8 @@ from bench.chaos.console import ComposeConsole
 from bench.chaos.faults import FAULTS, CaseResult, Timing, run_case
 from bench.chaos.infra import sweep
 
-pytestmark = pytest.mark.cluster
+# Each fault has a time budget: these run alone, not beside another worker (tests/conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.alone]
 
 TIMING = Timing(
     warmup_steps=10,

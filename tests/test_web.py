@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -156,7 +157,8 @@ def test_node_page_shows_heartbeat_age(client: Client, viewer: User) -> None:
     assert "cpu-x" in page and ">5m<" in page
 
 
-def test_static_assets_are_served(client: Client) -> None:
+def test_static_assets_are_served(client: Client, settings: Any) -> None:
+    settings.WHITENOISE_USE_FINDERS = True  # as the console runs (tests/conftest.py turns it off)
     for path in (
         "/static/css/console.css",
         "/static/js/job.js",
