@@ -29,11 +29,11 @@ def roles(user: Any) -> dict[int, str]:
     admin everywhere)."""
     if not getattr(user, "is_authenticated", False) or not user.is_active:
         return {}
+    default_workspace_id()  # made again if gone (a flushed database), as the migration made it
     if user.is_superuser:
         return {pk: Role.ADMIN.value for pk in Workspace.objects.values_list("pk", flat=True)}
     found: dict[int, str] = {}
     open_role = Role.EDITOR.value if is_operator(user) else Role.VIEWER.value
-    default_workspace_id()  # made again if gone (a flushed database), as the migration made it
     for pk in Workspace.objects.filter(everyone=True).values_list("pk", flat=True):
         found[pk] = open_role
     for pk, role in Membership.objects.filter(user=user).values_list("workspace_id", "role"):
