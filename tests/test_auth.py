@@ -137,6 +137,24 @@ def test_roles_exist_after_migrate() -> None:
     }
 
 
+def test_roles_and_the_default_workspace_come_back_after_a_flush(staff: User) -> None:
+    """What `manage.py flush` (and a transactional test's teardown) leaves: no rows, and the
+    post_migrate signal. The role groups are made again on that signal, and the default workspace
+    when anyone's roles are asked, a site admin's included."""
+    from django.core.management.sql import emit_post_migrate_signal
+
+    from console.teams import access
+    from console.teams.models import DEFAULT_WORKSPACE, Workspace
+
+    Group.objects.all().delete()
+    Workspace.objects.all().delete()
+    emit_post_migrate_signal(verbosity=0, interactive=False, db="default")
+    assert set(Group.objects.values_list("name", flat=True)) >= {"operator", "viewer"}
+    default = access.roles(staff)
+    assert list(default) == [Workspace.objects.get(name=DEFAULT_WORKSPACE).pk]
+    assert access.editable_workspaces(staff) == list(default)
+
+
 def test_createadmin_generates_a_password_once_and_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRAINYARD_ADMIN_PASSWORD", raising=False)
     out = StringIO()
