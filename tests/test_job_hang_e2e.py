@@ -22,18 +22,16 @@ STEPS = 160
 TIMEOUT_S = 4.0
 
 
+# The script reports no steps, so its 4 s threshold judges the restarted round's start-up too (a
+# rank waiting for its peers is idle): beside another worker's load that start-up can take longer.
+@pytest.mark.alone
 @pytest.mark.cluster
 def test_a_sigstopped_rank_raises_job_hang_naming_it_with_stacks_and_restart_brings_the_job_back(
     cluster: Cluster,
 ) -> None:
     cluster.start_agents("node-a", "node-b")
     job = cluster.submit_ddp(
-        nnodes="2",
-        steps=STEPS,
-        step_sleep=0.05,
-        # first_step_s: the restarted round's start-up (torch imports, gloo, the checkpoint) is not
-        # judged by the 4 s a step may take; on a busy host it can take longer than that.
-        hang={"timeout_s": TIMEOUT_S, "first_step_s": 60, "action": "restart"},
+        nnodes="2", steps=STEPS, step_sleep=0.05, hang={"timeout_s": TIMEOUT_S, "action": "restart"}
     )
     cluster.wait_steps(job, world=2, count=15)
     frozen = cluster.rank_pids("node-b")
