@@ -110,6 +110,7 @@ def test_an_sdk_job_resized_2_3_1_2_stays_in_place(cluster: Cluster) -> None:
     assert sorted(counted) == list(range(EXAMPLES)) and set(counted.values()) == {1}
 
 
+@pytest.mark.alone  # the survivors' old round must outlast a newcomer's start-up: load-bound
 @pytest.mark.cluster
 def test_a_newcomer_that_cannot_re_form_makes_the_round_fall_back_to_a_restart(cluster: Cluster) -> None:
     cluster.start_agents("node-a", "node-b")
