@@ -51,9 +51,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     phase = os.environ.get("TRAINYARD_TEST_PHASE", "")
     if phase not in ("parallel", "alone"):
         return
-    keep = [item for item in items if (item.get_closest_marker("alone") is not None) == (phase == "alone")]
-    kept = set(keep)
-    dropped = [item for item in items if item not in kept]
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        alone = item.get_closest_marker("alone") is not None
+        (keep if alone == (phase == "alone") else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

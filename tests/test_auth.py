@@ -139,8 +139,8 @@ def test_roles_exist_after_migrate() -> None:
 
 def test_roles_and_the_default_workspace_come_back_after_a_flush(staff: User) -> None:
     """What `manage.py flush` (and a transactional test's teardown) leaves: no rows, and the
-    post_migrate signal. The role groups are made again on that signal, and the default workspace
-    when anyone's roles are asked, a site admin's included."""
+    post_migrate signal. The role groups and the default workspace are made again on that signal,
+    so a site admin's roles include the default workspace."""
     from django.core.management.sql import emit_post_migrate_signal
 
     from console.teams import access

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from django.db.models import Model, Q, QuerySet
 
 from console.core.roles import is_operator
-from console.teams.models import ROLE_LEVEL, Membership, Role, Workspace, default_workspace_id
+from console.teams.models import ROLE_LEVEL, Membership, Role, Workspace
 
 M = TypeVar("M", bound=Model)
 
@@ -29,7 +29,6 @@ def roles(user: Any) -> dict[int, str]:
     admin everywhere)."""
     if not getattr(user, "is_authenticated", False) or not user.is_active:
         return {}
-    default_workspace_id()  # made again if gone (a flushed database), as the migration made it
     if user.is_superuser:
         return {pk: Role.ADMIN.value for pk in Workspace.objects.values_list("pk", flat=True)}
     found: dict[int, str] = {}

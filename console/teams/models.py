@@ -108,6 +108,6 @@ class Quota(models.Model):
 
 
 def default_workspace_id() -> int:
-    """The default workspace (made by migration 0001; again here after a test flushed it)."""
+    """The default workspace (made by migration 0001, and on post_migrate: console/teams/apps.py)."""
     workspace, _ = Workspace.objects.get_or_create(name=DEFAULT_WORKSPACE, defaults={"everyone": True})
     return workspace.pk

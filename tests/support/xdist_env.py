@@ -1,6 +1,6 @@
 """Each pytest-xdist worker gets a Redis database and a TRAINYARD_HOME of its own.
 
-bin/test runs the suite on two workers (``-n 2``). What the workers would otherwise share:
+``TEST_WORKERS=2 bin/test`` runs the suite on two workers (``-n 2``). What they would otherwise share:
 
 * PostgreSQL: pytest-django already gives each worker its own test database
   (``test_trainyard_gw0``, ``test_trainyard_gw1``), and the processes a test starts are pointed
