@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import grpc
 import torch
+from google.protobuf.message import EncodeError
 
 from workers.ps import checkpoint, contract, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.contract import Mode
@@ -65,7 +66,9 @@ class Servicer(ps_pb2_grpc.ParameterServerServicer):
             return call()
         except PsError as error:
             context.abort(error.code, str(error))
-        except (RowBudgetExceeded, MemoryError) as error:
+        except (RowBudgetExceeded, MemoryError, EncodeError) as error:
+            # EncodeError: upb could not allocate the reply under the data-segment cap (the
+            # messages are proto3 with no required fields; it has no other cause here)
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"PS {self.state.index}: {error or 'out of memory'}"
             )
