@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -30,6 +31,13 @@ def wait_accepting(server: EmbeddedRedis, sup: Supervisor, timeout: float = 20.0
         time.sleep(0.1)
 
 
+def written_to_file(client: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.info("persistence")["aof_buffer_length"]:
+        assert time.monotonic() < deadline, "Redis kept its append-only buffer unwritten"
+        time.sleep(0.05)
+
+
 def test_a_crashed_redis_comes_back_on_its_port_with_its_data(tmp_path: Path) -> None:
     # Given the embedded Redis under the supervisor, with a telemetry stream entry and a
     # queued broker message
@@ -42,6 +50,10 @@ def test_a_crashed_redis_comes_back_on_its_port_with_its_data(tmp_path: Path) ->
         client = server.client()
         client.xadd("trainyard:telemetry", {"batch": "in flight"})
         client.lpush("node.local", "a start_round message")
+        # appendfsync everysec: Redis postpones its write to the file while the last second's
+        # fsync is still running (up to 2 s, under a slow disk), and such a write dies with the
+        # process; what it has written survives a SIGKILL, which is what is tested here
+        written_to_file(client)
         client.close()
         old_pid = child.pid
         assert old_pid is not None
