@@ -14,6 +14,7 @@ import redis
 from tests.support.agents import redis_url
 from workers.agent.shipper import RoundProgress, TelemetryShipper
 from workers.protocol import TELEMETRY_STREAM
+from workers.signing import report_key
 
 
 def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
@@ -28,7 +29,7 @@ def metric(seq: int, step: int, at: float, **values: float) -> dict[str, Any]:
 
 def test_a_rounds_progress_has_its_steps_its_total_and_goes_on_in_place(tmp_path: Path) -> None:
     redis.Redis.from_url(redis_url()).delete(TELEMETRY_STREAM)
-    shipper = TelemetryShipper(redis_url(), "host-p")
+    shipper = TelemetryShipper(redis_url(), "host-p", report_key("tyn_progress-test-secret"))
     files = [tmp_path / name for name in ("telemetry.jsonl", "stdout.log", "stderr.log")]
     for path in files:
         path.touch()

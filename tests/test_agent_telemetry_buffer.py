@@ -20,6 +20,9 @@ import redis
 from tests.support.agents import redis_url
 from workers.agent.shipper import RETRY_SECONDS, TelemetryShipper
 from workers.protocol import TELEMETRY_STREAM
+from workers.signing import report_key, telemetry_mac_ok
+
+KEY = report_key("tyn_shipper-test-secret")
 
 
 class Relay:
@@ -96,7 +99,7 @@ def test_shipper_buffers_through_an_outage_and_drops_only_old_metrics(relay: Rel
     real = redis.Redis.from_url(redis_url())
     real.delete(TELEMETRY_STREAM)
     db = redis.Redis.from_url(redis_url()).connection_pool.connection_kwargs.get("db", 0)
-    shipper = TelemetryShipper(f"redis://127.0.0.1:{relay.port}/{db}", "host-t", max_buffered=100)
+    shipper = TelemetryShipper(f"redis://127.0.0.1:{relay.port}/{db}", "host-t", KEY, max_buffered=100)
     telemetry, stdout, stderr = tmp_path / "telemetry.jsonl", tmp_path / "stdout.log", tmp_path / "stderr.log"
     for path in (telemetry, stdout, stderr):
         path.touch()
@@ -132,11 +135,14 @@ def test_shipper_buffers_through_an_outage_and_drops_only_old_metrics(relay: Rel
     time.sleep(RETRY_SECONDS + 0.1)
     shipper.tick()
 
-    # Then everything kept arrives in order, with one "dropped" record counting the rest
+    # Then everything kept arrives in order, each entry sealed by the node, with one "dropped"
+    # record counting the rest
     assert shipper.connected
     assert shipper.buffered == 0
     sent: list[dict[str, Any]] = []
     for _id, fields in real.xrange(TELEMETRY_STREAM):  # type: ignore[union-attr]
+        assert fields[b"node"] == b"host-t"
+        assert telemetry_mac_ok(KEY, "host-t", fields[b"batch"], fields[b"mac"])
         batch = json.loads(fields[b"batch"])
         assert (batch["job_id"], batch["round"], batch["rank"], batch["node"]) == (81, 1, 0, "host-t")
         sent.extend(batch["records"])
@@ -175,7 +181,7 @@ def test_a_restarted_agent_ships_what_a_killed_one_left_unsent(tmp_path: Path) -
     stdout.write_text("line one\nline two\n")
 
     # Given an agent that tailed rank 3 and sent its first lines, then died (never stopped)
-    first = TelemetryShipper(redis_url(), "host-r")
+    first = TelemetryShipper(redis_url(), "host-r", KEY)
     first.add(5, 2, 3, telemetry, stdout, stderr)
     first.tick()
     assert (rank_dir / "shipping.json").exists()
@@ -185,7 +191,7 @@ def test_a_restarted_agent_ships_what_a_killed_one_left_unsent(tmp_path: Path) -
         fh.write("line three\nlast words without a newline")
 
     # When an agent starts again on the same data directory
-    second = TelemetryShipper(redis_url(), "host-r")
+    second = TelemetryShipper(redis_url(), "host-r", KEY)
     assert second.resume_unshipped(tmp_path) == 1
     second.tick()
 
@@ -207,7 +213,7 @@ def test_a_restarted_agent_ships_what_a_killed_one_left_unsent(tmp_path: Path) -
     texts = {r["seq"]: r["text"] for _, r in sent if r["kind"] == "log"}
     assert texts[4] == "last words without a newline"
     assert not (rank_dir / "shipping.json").exists()
-    assert TelemetryShipper(redis_url(), "host-r").resume_unshipped(tmp_path) == 0
+    assert TelemetryShipper(redis_url(), "host-r", KEY).resume_unshipped(tmp_path) == 0
     real.delete(TELEMETRY_STREAM)
 
 
@@ -217,7 +223,7 @@ def test_a_finished_rank_loses_its_marker_once_everything_is_sent(tmp_path: Path
     telemetry, stdout, stderr = tmp_path / "telemetry.jsonl", tmp_path / "stdout.log", tmp_path / "stderr.log"
     for path in (telemetry, stdout, stderr):
         path.touch()
-    shipper = TelemetryShipper(redis_url(), "host-f")
+    shipper = TelemetryShipper(redis_url(), "host-f", KEY)
     shipper.add(6, 1, 0, telemetry, stdout, stderr)
     stdout.write_text("hello\n")
     shipper.tick()
@@ -240,7 +246,7 @@ def test_a_rank_carried_in_place_is_resumed_under_each_rounds_own_key(tmp_path: 
     for path in (telemetry, stdout, stderr):
         path.touch()
     # Given a rank shipped as rank 0 of round 1, then carried into round 2 as rank 1 (in place)
-    first = TelemetryShipper(redis_url(), "host-c")
+    first = TelemetryShipper(redis_url(), "host-c", KEY)
     first.add(8, 1, 0, telemetry, stdout, stderr)
     write_lines(telemetry, [{"kind": "metric", "step": s, "values": {"loss": 1.0}} for s in (1, 2)])
     stdout.write_text("round one a\nround one b\n")
@@ -257,7 +263,7 @@ def test_a_rank_carried_in_place_is_resumed_under_each_rounds_own_key(tmp_path: 
     real.delete(TELEMETRY_STREAM)
 
     # When an agent starts again on the same data directory
-    second = TelemetryShipper(redis_url(), "host-c")
+    second = TelemetryShipper(redis_url(), "host-c", KEY)
     assert second.resume_unshipped(tmp_path) == 1
     second.tick()
 

@@ -17,7 +17,7 @@ from django.db import connection
 from console.jobs.models import Job
 from console.telemetry.models import Metric
 from tests.support.services import RedisServer
-from tests.support.telemetry import batch, child_env, metric_records, xadd
+from tests.support.telemetry import allocate, batch, child_env, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -115,6 +115,7 @@ def test_no_loss_no_duplicates_across_ingest_kill_and_redis_restart(
 ) -> None:
     # Given a job, a running ingest and a producer logging 2 ranks x 3000 steps
     job = Job.objects.create(name="crash", workload="mlp", round_number=1)
+    allocate(job, nproc=RANKS)
     log_path = tmp_path / "ingest.log"
     ingest_processes.append(start_ingest(redis_server.url, log_path))
     producer = Producer(redis_server.url, job.pk)

@@ -20,7 +20,7 @@ from console.telemetry.ingest import loop as loop_module
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.models import LogLine, Metric, MetricRollup
 from tests.support.services import RedisServer
-from tests.support.telemetry import batch, metric_records, xadd
+from tests.support.telemetry import allocate, batch, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -30,7 +30,9 @@ STEPS_PER_BATCH = 50
 
 @pytest.fixture
 def job() -> Job:
-    return Job.objects.create(name="faults", workload="mlp", round_number=1)
+    job = Job.objects.create(name="faults", workload="mlp", round_number=1)
+    allocate(job)
+    return job
 
 
 class Running:

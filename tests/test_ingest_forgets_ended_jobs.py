@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 
 from console.jobs.models import Job
-from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,6 +33,7 @@ def test_state_of_ended_and_deleted_jobs_is_dropped(
         Job.objects.create(name=f"j{i}", workload="mlp", round_number=1, state="RUNNING") for i in range(3)
     ]
     for job in jobs:
+        allocate(job)
         xadd(client, batch(job.pk, metric_records(range(10), {"loss": 0.5, "grad_norm": 1.0})))
     with ingest_loop(client, "forget") as loop:
         loop.drain()

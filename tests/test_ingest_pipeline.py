@@ -17,7 +17,7 @@ from console.telemetry.ingest.decoding import decode_entries
 from console.telemetry.ingest.loop import IngestLoop
 from console.telemetry.ingest.storage import MetricBatch, store_read
 from console.telemetry.models import Event, LogLine, Metric, MetricRollup
-from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,7 +34,9 @@ def client() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def job() -> Job:
-    return Job.objects.create(name="ingest", workload="mlp", round_number=1)
+    job = Job.objects.create(name="ingest", workload="mlp", round_number=1)
+    allocate(job)
+    return job
 
 
 def pending(client: redis.Redis) -> int:
@@ -129,7 +131,7 @@ def test_replayed_entries_store_nothing_twice(client: redis.Redis, job: Job) -> 
 
 def test_unknown_jobs_and_malformed_entries_are_acked_and_dropped(client: redis.Redis, job: Job) -> None:
     xadd(client, batch(job.pk + 1000, metric_records(range(10))))
-    client.xadd(TELEMETRY_STREAM, {"batch": "{not json"})
+    xadd(client, "{not json")
     client.xadd(TELEMETRY_STREAM, {"other": "field"})
     xadd(
         client,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +53,6 @@ def test_three_agents_check_each_other_the_console_and_dns(
         message="the enrolment checks to finish",
     )
 
-    began = time.monotonic()
     made = cluster.api.post("/api/v1/nodes/network/", {}, format="json")
     assert made.status_code == 202, made.content
     check_id = made.json()["id"]
@@ -63,7 +61,6 @@ def test_three_agents_check_each_other_the_console_and_dns(
         timeout=30,
         message="the check to finish",
     )
-    took = time.monotonic() - began
 
     assert check.nodes == ["net-a", "net-b", "net-c"] and not check.silent
     links = list(NodeLink.objects.filter(check_run=check).select_related("source", "target"))
@@ -78,6 +75,5 @@ def test_three_agents_check_each_other_the_console_and_dns(
         assert result["listening"], (name, result["listen_error"])
         assert result["console_ok"], (name, result["console_error"])
         assert result["dns_ms"] is not None and result["reverse_dns_ms"] is not None
-    assert took <= 5.0, f"the check took {took:.1f} s"
     shown = cluster.api.get(f"/api/v1/nodes/network/?check={check_id}").json()
     assert shown["checks"][0]["done"] and len([x for x in shown["links"] if x["check_id"] == check_id]) == 6

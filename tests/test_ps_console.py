@@ -23,6 +23,7 @@ from console.cluster.models import Node
 from console.core.states import JobState
 from console.jobs import actions, failures, reports, scheduler
 from console.jobs.models import Job
+from console.jobs.spec import ps_secret
 from tests.support.cluster import HEARTBEAT, Cluster
 from tests.support.controller import wait_for
 from tests.support.decisions import Decide, failing_exit, make_node, stop
@@ -60,6 +61,7 @@ def test_the_controller_places_the_roles_and_sends_each_host_its_processes(decid
     specs = {queue: kwargs["spec"] for _, queue, kwargs in started}
     assert set(specs) == {"node.a", "node.b"}
     layout = specs["node.a"]["ps"]
+    assert layout.pop("secret") == specs["node.b"]["ps"]["secret"] == ps_secret(job)
     assert layout == {
         "mode": "async",
         "coordinator": f"{a.address}:{rnd.master_port}",

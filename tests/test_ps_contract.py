@@ -16,6 +16,8 @@ from workers.ps import contract, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.contract import ContractError, Mode, PsEnv, Role
 from workers.ps.server import PsState, Servicer
 
+SECRET = "s3cret-of-the-job"
+
 
 def test_the_environment_round_trips() -> None:
     spec = PsEnv(
@@ -30,10 +32,13 @@ def test_the_environment_round_trips() -> None:
         checkpoint_dir="/ckpt",
         max_rows=1000,
         lease_s=2.5,
+        secret=SECRET,
     )
     environ = spec.to_environ()
     assert environ["ROLE_NAME"] == "ps" and environ["ROLE_RANK"] == "1"
+    assert environ[contract.ENV_SECRET] == SECRET
     assert contract.from_environ(environ) == spec
+    assert SECRET not in repr(spec)
     assert spec.listen_address == "10.0.0.2:5002"
 
 
@@ -48,13 +53,18 @@ def test_the_environment_round_trips() -> None:
         ({contract.ENV_MAX_STALENESS: "-1"}, "TRAINYARD_PS_MAX_STALENESS must be at least 0"),
         ({contract.ENV_LEASE_S: "soon"}, "TRAINYARD_PS_LEASE_S must be a number"),
         ({contract.ENV_COORDINATOR: ""}, "TRAINYARD_PS_COORDINATOR must be"),
+        ({contract.ENV_SECRET: ""}, "TRAINYARD_PS_SECRET must be set"),
+        ({contract.ENV_SECRET: "two words"}, "TRAINYARD_PS_SECRET must be printable ASCII"),
     ],
 )
 def test_a_bad_variable_is_named(change: dict[str, str], message: str) -> None:
-    environ = PsEnv(Role.PS, 0, ("127.0.0.1:5001", "127.0.0.1:5002"), "127.0.0.1:6000").to_environ()
+    environ = PsEnv(
+        Role.PS, 0, ("127.0.0.1:5001", "127.0.0.1:5002"), "127.0.0.1:6000", secret=SECRET
+    ).to_environ()
     environ.update(change)
-    with pytest.raises(ContractError, match=message):
+    with pytest.raises(ContractError, match=message) as raised:
         contract.from_environ(environ)
+    assert "two words" not in str(raised.value)
 
 
 def test_malformed_requests_get_clear_statuses_over_grpc() -> None:

@@ -48,6 +48,7 @@ def session(job: LocalPsJob, index: int) -> sdk_ps.Session:
         coordinator=job.coordinator,
         mode=Mode.HYBRID,
         worker_id=f"worker-{index}",
+        secret=job.secret,
     )
     return sdk_ps.connect(env)
 

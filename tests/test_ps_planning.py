@@ -154,7 +154,8 @@ def spec(processes: list[PsProcess]) -> RoundSpec:
         "args": [],
         "bundle": None,
         "workdir": "",
-        "env": {"TRAINYARD_PS_LEASE_S": "2.5"},
+        # A tunable the job may set, and the secret it may not (the round's wins).
+        "env": {"TRAINYARD_PS_LEASE_S": "2.5", "TRAINYARD_PS_SECRET": "set-by-the-job"},
         "hyperparameters": {},
         "strategy": "parameter_server",
         "precision": "fp32",
@@ -169,6 +170,7 @@ def spec(processes: list[PsProcess]) -> RoundSpec:
             "addresses": ["10.0.0.2:23001", "10.0.0.1:23002"],
             "worker_count": 3,
             "processes": processes,
+            "secret": "the-jobs-ps-secret",
         },
     }
 
@@ -190,9 +192,11 @@ def test_each_local_rank_gets_its_role_and_the_addresses(tmp_path: Path) -> None
     assert (server.role, server.index, server.listen_address) == (contract.Role.PS, 0, "10.0.0.2:23001")
     assert server.coordinator == "10.0.0.1:23000" and server.lease_s == 2.5
     assert server.checkpoint_dir.endswith("/ps")
+    assert server.secret == "the-jobs-ps-secret"
     worker_env = launcher.rank_env(config, round_spec, 1, files)
     worker = contract.from_environ(worker_env)
     assert (worker.role, worker.index, worker.worker_count) == (contract.Role.WORKER, 2, 3)
+    assert worker.secret == "the-jobs-ps-secret"
     assert worker_env["WORLD_SIZE"] == "1" and worker_env["RANK"] == "5"
     assert launcher.global_rank(round_spec, 1) == 5
     assert launcher.rank_command(round_spec, None, 0).args == ("-m", "workers.ps.server")

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from console.jobs.models import Job
 from console.telemetry.models import Event, Metric
-from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +28,9 @@ def client() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def job() -> Job:
-    return Job.objects.create(name="anomalies", workload="mlp", round_number=1)
+    job = Job.objects.create(name="anomalies", workload="mlp", round_number=1)
+    allocate(job, nproc=3)
+    return job
 
 
 def ingest(client: redis.Redis, payloads: list[str]) -> None:

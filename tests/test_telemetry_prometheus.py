@@ -15,7 +15,7 @@ from console.api.models import ApiToken
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Job
 from console.telemetry.ingest.stats import STATS_KEY
-from tests.support.telemetry import batch, ingest_loop, metric_records, xadd
+from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,15 +46,16 @@ def test_metrics_exposition(stream: redis.Redis, viewer: User) -> None:
     node = Node.objects.create(name="gpu-1", state="ONLINE", cpu_percent=50.0)
     Node.objects.create(name="gone", state="LOST")
     Gpu.objects.create(node=node, index=0, name="A100", utilization=87.5, memory_used_bytes=2 * 2**30)
+    allocate(job, node="gpu-1")
 
     # Ingest consumed 3 entries and left 2 pending (read, not acked).
     for i in range(3):
-        xadd(stream, batch(job.pk, metric_records(range(i * 10, i * 10 + 10))))
+        xadd(stream, batch(job.pk, metric_records(range(i * 10, i * 10 + 10))), node="gpu-1")
     with ingest_loop(stream, "prom") as loop:
         loop.drain()
         loop.stats.maybe_report(force=True)
-        xadd(stream, batch(job.pk, metric_records(range(100, 110))))
-        xadd(stream, batch(job.pk, metric_records(range(110, 120))))
+        xadd(stream, batch(job.pk, metric_records(range(100, 110))), node="gpu-1")
+        xadd(stream, batch(job.pk, metric_records(range(110, 120))), node="gpu-1")
         assert len(loop.cursor.read(block_ms=10).entries) == 2
 
     anonymous = Client().get("/metrics")
@@ -77,6 +78,7 @@ def test_metrics_exposition(stream: redis.Redis, viewer: User) -> None:
     assert sample(text, "trainyard_ingest_oldest_pending_age_seconds") < 60
     assert sample(text, "trainyard_ingest_points_total") == 30
     assert "# TYPE trainyard_ingest_points_total counter" in text
+    assert sample(text, "trainyard_ingest_refused_entries_total", reason="bad_mac") == 0
 
     # A Prometheus server asks for OpenMetrics first; prometheus-client answers in it.
     openmetrics = web.get(

@@ -21,7 +21,7 @@ from console.jobs.models import Job
 from console.telemetry.fanout import BUSY_VIEWERS, FrameHub, busy_key, frame_channel, get_hub
 from console.telemetry.ingest.broadcast import Broadcaster
 from console.telemetry.ingest.loop import IngestLoop
-from tests.support.telemetry import batch, metric_records, session_cookie, xadd
+from tests.support.telemetry import allocate, batch, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -33,7 +33,9 @@ STEPS_PER_FRAME = 50
 
 @pytest.fixture
 def job() -> Job:
-    return Job.objects.create(name="fanout", workload="mlp", round_number=1)
+    job = Job.objects.create(name="fanout", workload="mlp", round_number=1)
+    allocate(job)
+    return job
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from console.telemetry.events import emit
 from console.telemetry.ingest.broadcast import Broadcaster
 from console.telemetry.ingest.frames import FRAME_POINTS
 from console.telemetry.models import Event
-from tests.support.telemetry import batch, ingest_loop, metric_records, session_cookie, xadd
+from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, session_cookie, xadd
 from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -62,7 +62,9 @@ def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 @pytest.fixture
 def job() -> Job:
-    return Job.objects.create(name="ws", workload="mlp", round_number=1)
+    job = Job.objects.create(name="ws", workload="mlp", round_number=1)
+    allocate(job)
+    return job
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ Transport:
 - Controller → agent: Celery tasks on queue ``node.<name>`` (names AGENT_*), JSON kwargs.
 - Agent → controller: Celery tasks on queue ``control`` (names CONTROL_*), JSON kwargs. Every
   one carries ``token`` (the node's credential, workers/agent/credential.py) and ``node`` (the agent's name).
-- Telemetry: agents XADD to the Redis stream TELEMETRY_STREAM; ingest reads it with a
-  consumer group and acks after its database commit.
+- Telemetry: agents XADD to the Redis stream TELEMETRY_STREAM, each entry sealed with the node's
+  report key; ingest reads it with a consumer group and acks after its database commit.
 """
 
 from __future__ import annotations
@@ -256,6 +256,9 @@ class PsRound(TypedDict):
     addresses: list[str]  # PS i listens on addresses[i] (host:port)
     worker_count: int
     processes: list[PsProcess]  # this host's processes, by local rank (nproc_per_node of them)
+    # The job's secret (the same in every round): its PS and coordinator answer only callers with
+    # it (workers/ps/auth.py). Absent from an older console: the servers then refuse to start.
+    secret: NotRequired[str]
     # The worker role is resized in place: AGENT_START_ROUND again for the same round with more
     # processes (started) or some marked removed (stopped); the other ranks run on untouched.
 
@@ -445,9 +448,13 @@ class RankExit(TypedDict):
 
 # --- telemetry -----------------------------------------------------------------------------
 # The SDK (inside a rank) appends JSON lines to the file named by TRAINYARD_TELEMETRY; the
-# agent tails those files and each rank's stdout/stderr, and XADDs batches to TELEMETRY_STREAM
-# as a single field "batch" holding JSON:
+# agent tails those files and each rank's stdout/stderr, and XADDs batches to TELEMETRY_STREAM,
+# one entry per batch (workers/signing.py ``telemetry_entry``) with the fields "batch" (JSON),
+# "node" (the agent's name) and "mac" (hex HMAC-SHA256 over the node's name and the batch's exact
+# bytes, keyed by the node's report key). The batch:
 #   {"job_id": J, "round": R, "rank": K, "node": name, "records": [record, ...]}
+# Ingest drops (and acks) an entry that is unsealed, whose MAC does not verify with a live key
+# of the node it names, or whose (job, round, rank) the console did not allocate to that node.
 # Records (all have "kind", "seq" (per rank and kind-family, monotonic), "t" (unix seconds)):
 #   {"kind": "metric", "seq", "t", "step", "values": {"loss": 0.31, ...}}
 #   {"kind": "event", "seq", "t", "event": "gradient_anomaly", "severity", "message", "data"}

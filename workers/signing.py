@@ -11,6 +11,11 @@ Reports (agent → console, the ``CONTROL_*`` tasks) carry an HMAC-SHA256 over t
 a timestamp and the body, keyed by the hash of the node's secret (the hash the console keeps), so
 the secret itself never crosses the broker (``seal_report`` / ``report_mac_ok``).
 
+Telemetry (agent → ingest, entries of the Redis stream ``TELEMETRY_STREAM``) is sealed with the
+same key: each entry names its node and carries an HMAC-SHA256 over that name and the exact bytes
+of its batch (``telemetry_entry`` / ``telemetry_mac_ok``), so ingest can tell which node sent it
+and that nobody else wrote or altered it.
+
 Both sides serialise a body the same way (``canonical``): JSON with sorted keys, so what the
 Celery JSON round trip hands the receiver is what was signed.
 """
@@ -212,6 +217,29 @@ def report_mac_ok(key: bytes, task: str, kwargs: dict[str, Any], now: float | No
     if now - seal["ts"] > REPORT_MAX_AGE_SECONDS or seal["ts"] - now > REPORT_MAX_AHEAD_SECONDS:
         return ReportCheck(False, "stale seal")
     return ReportCheck(True)
+
+
+TELEMETRY_DOMAIN = b"trainyard.telemetry.v1\n"  # no report's canonical JSON starts so
+
+
+def _telemetry_payload(node: str, batch: bytes) -> bytes:
+    # A node name is a slug (no newline): the name and the batch cannot be split another way.
+    return TELEMETRY_DOMAIN + node.encode() + b"\n" + batch
+
+
+def telemetry_entry(key: bytes, node: str, batch: str | bytes) -> dict[Any, Any]:
+    """A telemetry stream entry as agents XADD it: the batch (its UTF-8 bytes, which are what
+    the MAC covers and what ingest reads back), the node's name and the MAC (hex), made with
+    the node's report key. (Typed loosely: redis-py's ``xadd`` wants a dict of its own unions.)"""
+    raw = batch.encode() if isinstance(batch, str) else batch
+    mac = hmac.new(key, _telemetry_payload(node, raw), hashlib.sha256).hexdigest()
+    return {"batch": raw, "node": node, "mac": mac}
+
+
+def telemetry_mac_ok(key: bytes, node: str, batch: bytes, mac: bytes | str) -> bool:
+    """Whether ``mac`` was made with ``key`` over this node's name and exactly these batch bytes."""
+    expected = hmac.digest(key, _telemetry_payload(node, batch), "sha256").hex().encode()
+    return hmac.compare_digest(expected, mac.encode() if isinstance(mac, str) else mac)
 
 
 def node_of_queue(queue: str) -> str | None:

@@ -28,6 +28,20 @@ FANOUT_SECONDS = 8.0
 WARMUP_SECONDS = 2.0
 RAMP_BATCH = 10
 RUN = Path(__file__).resolve().parent / "run.py"
+# The producer ships as this node, enrolled with this secret in the bench's own database (made and
+# dropped by the bench) and allocated the jobs' ranks: ingest believes nothing else.
+BENCH_NODE = "bench"
+BENCH_NODE_SECRET = "tyn_telemetry-bench-node"
+
+
+def bench_job(name: str, nproc: int) -> int:
+    """A job whose round 1 runs ranks 0 to ``nproc`` - 1 on BENCH_NODE."""
+    from console.jobs.models import Job
+    from tests.support.telemetry import allocate
+
+    job = Job.objects.create(name=name, workload="mlp", round_number=1)
+    allocate(job, node=BENCH_NODE, secret=BENCH_NODE_SECRET, nproc=nproc)
+    return job.pk
 
 
 # --- producer subprocess ---------------------------------------------------------------------
@@ -37,8 +51,9 @@ def produce(job_id: int, rate: int, seconds: float, workdir: Path, redis_url: st
     the agent's real shipper. Each record's ``t_append`` value is the time of its log call."""
     from workers.agent.shipper import TelemetryShipper
     from workers.sdk.telemetry import Telemetry
+    from workers.signing import report_key
 
-    shipper = TelemetryShipper(redis_url, node="bench")
+    shipper = TelemetryShipper(redis_url, BENCH_NODE, report_key(BENCH_NODE_SECRET))
     writers = {}
     for rank in range(LIVE_RANKS):
         paths = [workdir / f"rank{rank}.{suffix}" for suffix in ("jsonl", "out", "err")]
@@ -313,8 +328,6 @@ def live_phases(
     reps: int,
 ) -> None:
     """Latency with one client, then fan-out to FANOUT_CLIENTS, through daphne and ingest."""
-    from console.jobs.models import Job
-
     url = console.start_web()
     ws_port = int(url.rsplit(":", 1)[1])
     ingest_proc = console.start_ingest(
@@ -327,10 +340,10 @@ def live_phases(
     if "latency" in phases:
         p50s, p95s = [], []
         for rep in range(reps):
-            job = Job.objects.create(name="latency-bench", workload="mlp", round_number=1)
+            job_id = bench_job("latency-bench", LIVE_RANKS)
             (tmp / f"latency-{rep}").mkdir()
             (single,), _ = live_phase(
-                job.pk, 1, LATENCY_SECONDS, console=console, workdir=tmp / f"latency-{rep}", **common
+                job_id, 1, LATENCY_SECONDS, console=console, workdir=tmp / f"latency-{rep}", **common
             )
             lat = [x * 1000 for x in single["latencies"]]
             p50s.append(percentile(lat, 50))
@@ -350,9 +363,9 @@ def live_phases(
     if "fanout" in phases:
         reports = []
         for rep in range(reps):
-            job = Job.objects.create(name="fanout-bench", workload="mlp", round_number=1)
+            job_id = bench_job("fanout-bench", LIVE_RANKS)
             (tmp / f"fanout-{rep}").mkdir()
-            reports.append(fanout_rep(job.pk, watched, tmp / f"fanout-{rep}", console, common))
+            reports.append(fanout_rep(job_id, watched, tmp / f"fanout-{rep}", console, common))
             print(
                 f"fanout rep {rep + 1}/{reps}: " + ", ".join(f"{k} {v}" for k, v in reports[-1].items()),
                 flush=True,

@@ -10,6 +10,7 @@ import statistics
 import time
 from typing import Any
 
+from bench.telemetry.live import BENCH_NODE, BENCH_NODE_SECRET
 from tests.support.services import Console
 
 # Ingest rate: a prefilled stream of this many agent batches (250,000 points: enough for a steady
@@ -17,15 +18,17 @@ from tests.support.services import Console
 RATE_BATCHES = 200
 RATE_RECORDS_PER_BATCH = 250
 RATE_VALUES = ("loss", "lr", "grad_norm", "throughput", "step_time")
+RATE_RANKS = 4
 
 
 def rate_payloads(job_id: int) -> list[str]:
-    """RATE_BATCHES agent batches of RATE_RECORDS_PER_BATCH records (4 ranks, 5 values each)."""
+    """RATE_BATCHES agent batches of RATE_RECORDS_PER_BATCH records (RATE_RANKS ranks, 5 values
+    each), as BENCH_NODE ships them."""
     payloads = []
     step = 0
     t = time.time()
     for i in range(RATE_BATCHES):
-        rank = i % 4
+        rank = i % RATE_RANKS
         records = [
             {
                 "kind": "metric",
@@ -36,9 +39,9 @@ def rate_payloads(job_id: int) -> list[str]:
             }
             for j in range(RATE_RECORDS_PER_BATCH)
         ]
-        if rank == 3:
+        if rank == RATE_RANKS - 1:
             step += RATE_RECORDS_PER_BATCH
-        payload = {"job_id": job_id, "round": 1, "rank": rank, "node": "bench", "records": records}
+        payload = {"job_id": job_id, "round": 1, "rank": rank, "node": BENCH_NODE, "records": records}
         payloads.append(json.dumps(payload))
     return payloads
 
@@ -109,14 +112,16 @@ class RateIngest:
         return int(info["entries-read"] or 0) - int(info["pending"])
 
     def measure(self, payloads: list[str]) -> tuple[float, float]:
-        """Points/s draining ``payloads``, and the CPU seconds per point that ingest and its
-        PostgreSQL backends used meanwhile."""
+        """Points/s draining ``payloads`` (sealed by BENCH_NODE, as its agent would), and the CPU
+        seconds per point that ingest and its PostgreSQL backends used meanwhile."""
         from workers.protocol import TELEMETRY_STREAM
+        from workers.signing import report_key, telemetry_entry
 
+        key = report_key(BENCH_NODE_SECRET)
         base = self.acked()
         pipe = self.client.pipeline(transaction=True)  # MULTI: ingest sees none of them or all
         for payload in payloads:
-            pipe.xadd(TELEMETRY_STREAM, {"batch": payload})
+            pipe.xadd(TELEMETRY_STREAM, telemetry_entry(key, BENCH_NODE, payload))
         pipe.execute()
         samples: list[tuple[float, int, float, float]] = []
         deadline = time.monotonic() + 300

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench import harness  # noqa: E402
-from bench.telemetry.live import FANOUT_CLIENTS, LIVE_RATE, live_phases, produce  # noqa: E402
-from bench.telemetry.rate import rate_phase  # noqa: E402
+from bench.telemetry.live import FANOUT_CLIENTS, LIVE_RATE, bench_job, live_phases, produce  # noqa: E402
+from bench.telemetry.rate import RATE_RANKS, rate_phase  # noqa: E402
 
 BENCH_DB = f"ty_telemetry_bench_{os.getpid()}"
 DOWNSAMPLE_POINTS = 1_000_000
@@ -116,14 +116,13 @@ def main(phases: set[str], frame_interval: float | None, reps: int, keep_logs: b
     with harness.Bench("telemetry", database=BENCH_DB, redis="private", keep=keep_logs) as bench:
         from django.contrib.auth.models import User
 
-        from console.jobs.models import Job
         from tests.support.telemetry import session_cookie
 
         cookie = session_cookie(User.objects.create_user("bench", password="bench-pw-1"))
         if "ingest" in phases:
             phase_started = time.monotonic()
-            rate_job = Job.objects.create(name="rate-bench", workload="mlp", round_number=1)
-            figures.update(rate_phase(rate_job.pk, reps, bench.database_url, bench.redis_url, bench.console))
+            rate_job = bench_job("rate-bench", RATE_RANKS)
+            figures.update(rate_phase(rate_job, reps, bench.database_url, bench.redis_url, bench.console))
             print(
                 f"ingest: median {figures['ingest_points_per_s']:,} points/s "
                 f"{figures['ingest_points_per_s_range']}, raw COPY {figures['raw_copy_rows_per_s']:,} rows/s "

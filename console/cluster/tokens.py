@@ -1,6 +1,7 @@
 """Node credentials, checked here only: every agent message (registration, heartbeats, reports,
 shutdown) goes through ``agent_authorised`` (an HMAC seal keyed by the node's secret, which the
-message never carries), and every bundle download by an agent through ``identify``.
+message never carries), every bundle download by an agent through ``identify``, and every
+telemetry entry's seal through the keys ``report_keys`` gives ingest.
 
 A host enrols once with a one-time join token an operator made (admin, or
 ``POST /api/v1/nodes/join-tokens/``) and receives its own secret; the console keeps hashes of
@@ -15,6 +16,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -109,6 +111,20 @@ def agent_authorised(task: str, message: dict[str, Any]) -> bool:
         "it is not sealed with that node's credential" if credential else "no such node is enrolled",
     )
     return False
+
+
+def report_keys(nodes: Collection[str]) -> dict[str, tuple[bytes, ...]]:
+    """The keys a seal made by each of ``nodes`` may verify with (workers/signing.py), as
+    ``agent_authorised`` accepts them: its own credential's unless revoked, and the shared token's
+    when enabled; none for a node that is not enrolled (or revoked) while no shared token is.
+    One query for them all: ingest checks every telemetry entry's seal against these."""
+    live = dict(
+        NodeCredential.objects.filter(node_name__in=list(nodes), revoked=False).values_list(
+            "node_name", "secret_hash"
+        )
+    )
+    shared = (signing.report_key(str(settings.NODE_TOKEN)),) if settings.NODE_TOKEN else ()
+    return {node: ((live[node].encode(),) if node in live else ()) + shared for node in nodes}
 
 
 def _note_refusal(credential: NodeCredential) -> None:

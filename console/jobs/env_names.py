@@ -35,4 +35,6 @@ RESERVED_ENV = {
     ps_contract.ENV_ADDRESSES,
     ps_contract.ENV_COORDINATOR,
     ps_contract.ENV_MODE,
+    # The console's per-job secret of the PS and the coordinator (console/jobs/spec.py).
+    ps_contract.ENV_SECRET,
 }

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from console.jobs.models import Allocation, Job, Round
 from workers import protocol
@@ -15,6 +16,14 @@ def run_id(job: Job) -> str:
     """torchrun's run id for the job: the same for all its rounds, unique across consoles and
     database resets (agents key checkpoint directories on it)."""
     return f"trainyard-job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+
+
+def ps_secret(job: Job) -> str:
+    """The secret a parameter-server job's PS and coordinator demand of callers (workers/ps/auth.py).
+    Derived from SECRET_KEY, not stored: every round gets the same one (a PS restarted in a later
+    round and the workers of any round agree) and no migration is needed. Keyed on the run id, so a
+    job id reused after a database reset gets another."""
+    return salted_hmac("trainyard.ps-secret", run_id(job), algorithm="sha256").hexdigest()
 
 
 def round_spec(
@@ -90,6 +99,7 @@ def ps_round(job: Job, members: Sequence[Allocation], alloc: Allocation) -> prot
         "addresses": [addresses[i] for i in sorted(addresses)],
         "worker_count": workers,
         "processes": [_process(p) for p in alloc.processes],
+        "secret": ps_secret(job),
     }
 
 

@@ -30,7 +30,8 @@ from console.cluster.models import Gpu, Node
 from console.core.states import JobState, NodeState
 from console.jobs.models import Job
 from console.telemetry import goodput, goodput_data
-from console.telemetry.ingest.stats import STATS_KEY
+from console.telemetry.ingest.stats import REFUSED_PREFIX, STATS_KEY
+from console.telemetry.ingest.trust import Refusal
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 # An ingest consumer that has not reported for this long no longer counts as live.
@@ -38,7 +39,8 @@ STALE_CONSUMER_SECONDS = 30.0
 
 
 def ingest_figures(client: Any) -> dict[str, float]:
-    """Pending entries, age of the oldest pending one, undelivered entries and totals."""
+    """Pending entries, age of the oldest pending one, undelivered entries and totals (with the
+    entries refused, by reason)."""
     figures: dict[str, float] = {}
     try:
         summary = client.xpending(TELEMETRY_STREAM, TELEMETRY_GROUP)
@@ -58,6 +60,8 @@ def ingest_figures(client: Any) -> dict[str, float]:
     stats = {k.decode(): v.decode() for k, v in client.hgetall(STATS_KEY).items()}
     figures["points_total"] = float(stats.get("points_total", 0))
     figures["records_total"] = float(stats.get("records_total", 0))
+    for reason in Refusal:
+        figures[REFUSED_PREFIX + reason] = float(stats.get(REFUSED_PREFIX + reason, 0))
     now = time.time()
     figures["consumers"] = float(
         sum(
@@ -193,6 +197,15 @@ class ConsoleCollector:
         yield CounterMetricFamily(
             "trainyard_ingest_records", "Telemetry records ingested.", value=figures["records_total"]
         )
+        refused = CounterMetricFamily(
+            "trainyard_ingest_refused_entries",
+            "Telemetry stream entries dropped unstored: unsealed, an unknown or revoked node, a bad MAC, "
+            "or a rank not allocated to the node.",
+            labels=["reason"],
+        )
+        for reason in Refusal:
+            refused.add_metric([reason.value], figures[REFUSED_PREFIX + reason])
+        yield refused
 
 
 def registry() -> CollectorRegistry:

@@ -27,7 +27,8 @@ from workers import protocol
 from workers.agent.environment import inherited
 from workers.net import free_port
 
-pytestmark = pytest.mark.cluster
+# alone: the warm pool holds its imports while the cores are busy, by design
+pytestmark = [pytest.mark.cluster, pytest.mark.alone]
 __all__ = ["control_queue"]
 
 SECRETS = {

@@ -220,9 +220,10 @@ def run_agent(config: AgentConfig) -> int:
     if dns_warning:
         logger.warning("%s", dns_warning)
     app = make_celery_app(config)
-    control = ControlClient(app, config.name, report_key(config.token), session)
+    key = report_key(config.token)
+    control = ControlClient(app, config.name, key, session)
     reaper = ReaperClient(session)
-    shipper = TelemetryShipper(config.broker_url, config.name)
+    shipper = TelemetryShipper(config.broker_url, config.name, key)
     pool = WarmPool.for_agent(config.warm_pool, (ENV_AGENT_SESSION, session), reaper, config.data_dir)
     supervisor = Supervisor(config, session, control, shipper, reaper, pool if config.warm_pool else None)
     heartbeat = Heartbeat(config.heartbeat, control, supervisor)

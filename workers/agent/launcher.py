@@ -133,6 +133,8 @@ def ps_env(config: AgentConfig, spec: RoundSpec, local_rank: int) -> dict[str, s
         ps_contract.ENV_ADDRESSES: ",".join(layout["addresses"]),
         ps_contract.ENV_COORDINATOR: layout["coordinator"],
         ps_contract.ENV_MODE: layout["mode"],
+        # Always from the round, never the job's env: without it the servers refuse to start.
+        ps_contract.ENV_SECRET: layout.get("secret", ""),
         # The processes of a PS job form no torch.distributed group, but a hybrid job's workers
         # (below): their dense group, of the workers started together.
         "WORLD_SIZE": "1",

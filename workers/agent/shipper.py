@@ -1,5 +1,9 @@
 """Telemetry shipping: tails every rank's telemetry file and stdout/stderr logs and XADDs
-batches to the Redis stream ``TELEMETRY_STREAM`` (format in workers/protocol.py).
+batches to the Redis stream ``TELEMETRY_STREAM`` (format in workers/protocol.py). Each entry is
+sealed with the node's report key (``signing.telemetry_entry``: the node's name and an HMAC over it
+and the batch's bytes): ingest stores a batch only when the seal verifies and the batch's rank is
+one the console allocated to this node in that round, so nobody else who can write to the stream
+can put telemetry into a job.
 
 Training never waits on this: ranks only append to local files, and one thread here reads
 them every SHIP_INTERVAL_SECONDS. When Redis is unreachable the thread keeps reading into an
@@ -37,6 +41,7 @@ import redis
 
 from workers.agent.tensorboard import ScalarFiles, marker_scalars
 from workers.protocol import TELEMETRY_STREAM
+from workers.signing import telemetry_entry
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +136,16 @@ TOTAL_STEPS = "total_steps"
 
 
 class TelemetryShipper(threading.Thread):
-    def __init__(self, redis_url: str, node: str, max_buffered: int = MAX_BUFFERED_RECORDS) -> None:
+    def __init__(
+        self, redis_url: str, node: str, key: bytes, max_buffered: int = MAX_BUFFERED_RECORDS
+    ) -> None:
+        """``key``: the node's report key (``signing.report_key`` of its credential), which seals
+        every entry."""
         super().__init__(name="telemetry-shipper", daemon=True)
         self._max_buffered = max_buffered
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
         self._node = node
+        self._key = key
         self._lock = threading.Lock()
         self._sources: dict[RankKey, _Source] = {}
         self._progress: dict[RoundKey, RoundProgress] = {}
@@ -446,7 +456,8 @@ class TelemetryShipper(threading.Thread):
                         "node": self._node,
                         "records": records,
                     }
-                    pipe.xadd(TELEMETRY_STREAM, {"batch": json.dumps(batch)})
+                    entry = telemetry_entry(self._key, self._node, json.dumps(batch))
+                    pipe.xadd(TELEMETRY_STREAM, entry)
             try:
                 pipe.execute()
             except redis.RedisError as exc:

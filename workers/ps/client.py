@@ -3,7 +3,8 @@
 ``PsClient`` splits a request by owner (row ``i`` on PS ``i mod M``, dense parameters by a stable
 hash), sends the parts to their PS in parallel (gRPC futures) and puts the replies back in
 request order. A PS that is restarting answers UNAVAILABLE: calls are tried again with backoff
-for ``retry_s`` (a re-sent push is harmless: the PS dedupes it by its batch key).
+for ``retry_s`` (a re-sent push is harmless: the PS dedupes it by its batch key). Every call
+carries the job's secret (workers/ps/auth.py); a refusal of it (UNAUTHENTICATED) is not retried.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 import grpc
 import torch
 
-from workers.ps import ps_pb2, ps_pb2_grpc, tensors
+from workers.ps import auth, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.coordinator import Dataset, dataset_to_proto
 from workers.ps.optim import OptimizerConfig
 from workers.ps.placement import ps_of_dense, split_rows
@@ -51,8 +52,9 @@ def _retrying(call: Callable[[], T], retry_s: float, what: str) -> T:
             delay = min(1.0, delay * 2)
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+def channel(address: str, secret: str) -> grpc.Channel:
+    """A channel to a PS or the coordinator whose every call presents the job's secret."""
+    return auth.authenticated(grpc.insecure_channel(address, options=GRPC_OPTIONS), secret)
 
 
 @dataclass
@@ -75,11 +77,13 @@ class PushOutcome:
 
 
 class PsClient:
-    def __init__(self, addresses: tuple[str, ...] | list[str], worker: str, retry_s: float = 120.0) -> None:
+    def __init__(
+        self, addresses: tuple[str, ...] | list[str], worker: str, retry_s: float = 120.0, *, secret: str
+    ) -> None:
         self.addresses = tuple(addresses)
         self.worker = worker
         self.retry_s = retry_s
-        self.channels = [channel(address) for address in self.addresses]
+        self.channels = [channel(address, secret) for address in self.addresses]
         self.stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self.channels]
         self.pull_latency = Latencies()
         self.push_latency = Latencies()
@@ -274,11 +278,11 @@ class Batch:
 class CoordinatorClient:
     """Registration, a heartbeat thread that keeps the lease, shards, the step barrier."""
 
-    def __init__(self, address: str, worker: str, retry_s: float = 120.0) -> None:
+    def __init__(self, address: str, worker: str, retry_s: float = 120.0, *, secret: str) -> None:
         self.address = address
         self.worker = worker
         self.retry_s = retry_s
-        self.channel = channel(address)
+        self.channel = channel(address, secret)
         self.stub = ps_pb2_grpc.CoordinatorStub(self.channel)
         self.dataset: Dataset | None = None
         self.lease_s = 10.0

@@ -13,11 +13,16 @@ Roles:
   and keeps its checkpoints in TRAINYARD_PS_CHECKPOINT_DIR.
 - ``worker``: index i of the workers started in its round (the worker count changes while a job
   runs: it is informational); reaches every PS and the coordinator.
+
+Every role gets the job's secret in TRAINYARD_PS_SECRET: the PS and the coordinator answer only
+calls that present it (workers/ps/auth.py), so nobody else on the network can read or overwrite
+the job's rows. It is required: a server never runs open.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ ENV_LEASE_S = "TRAINYARD_PS_LEASE_S"
 ENV_WORKER_ID = "TRAINYARD_PS_WORKER_ID"
 ENV_STATS_EVERY_S = "TRAINYARD_PS_STATS_EVERY_S"
 ENV_RETRY_S = "TRAINYARD_PS_RETRY_S"
+ENV_SECRET = "TRAINYARD_PS_SECRET"
 
 ALL = (
     ENV_ROLE,
@@ -59,7 +65,10 @@ ALL = (
     ENV_WORKER_ID,
     ENV_STATS_EVERY_S,
     ENV_RETRY_S,
+    ENV_SECRET,
 )
+# What a gRPC metadata value may hold (printable ASCII, no spaces: it follows "Bearer ").
+SECRET_TEXT = re.compile(r"[\x21-\x7e]+")
 
 
 class Role(StrEnum):
@@ -105,6 +114,8 @@ class PsEnv:
     stats_every_s: float = 5.0
     # How long a worker keeps calling a PS or the coordinator that does not answer (restarting).
     retry_s: float = 120.0
+    # Kept out of repr: a PsEnv in a log line or a failed assertion must not show it.
+    secret: str = field(default="", repr=False)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -131,6 +142,7 @@ class PsEnv:
             ENV_WORKER_ID: self.worker_id,
             ENV_STATS_EVERY_S: repr(self.stats_every_s),
             ENV_RETRY_S: repr(self.retry_s),
+            ENV_SECRET: self.secret,
             # torchrun's role variables, so generic tooling sees the role as well.
             "ROLE_NAME": self.role.value,
             "ROLE_RANK": str(self.index),
@@ -184,6 +196,18 @@ def _address(name: str, text: str) -> str:
     return text.strip()
 
 
+def _secret(env: Mapping[str, str]) -> str:
+    """The job's secret; the messages never echo it."""
+    secret = env.get(ENV_SECRET, "").strip()
+    if not secret:
+        raise ContractError(
+            f"{ENV_SECRET} must be set: the job's PS and coordinator answer only callers with it"
+        )
+    if not SECRET_TEXT.fullmatch(secret):
+        raise ContractError(f"{ENV_SECRET} must be printable ASCII without spaces")
+    return secret
+
+
 def from_environ(env: Mapping[str, str] | None = None) -> PsEnv:
     """Reads and checks the contract; raises ``ContractError`` naming the bad variable."""
     env = os.environ if env is None else env
@@ -230,4 +254,5 @@ def from_environ(env: Mapping[str, str] | None = None) -> PsEnv:
         worker_id=env.get(ENV_WORKER_ID, "").strip(),
         stats_every_s=_float(env, ENV_STATS_EVERY_S, 5.0),
         retry_s=_float(env, ENV_RETRY_S, 120.0),
+        secret=_secret(env),
     )

@@ -1,7 +1,8 @@
 """The shard coordinator of a PS job: data shards with leases, worker membership, step barrier.
 
 ``ShardQueue`` makes the decisions and is tested in-process; ``Servicer`` converts messages;
-``main`` serves it under the environment contract (the controller will start it with the job).
+``main`` serves it under the environment contract (the controller will start it with the job), to
+callers with the job's secret only (workers/ps/auth.py).
 
 Dynamic sharding after ElasticDL's master: an epoch is split into shards of ``shard_size``
 examples, handed out one at a time with a lease. A worker renews its lease by heartbeat; a worker
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import grpc
 
-from workers.ps import contract, ps_pb2, ps_pb2_grpc
+from workers.ps import auth, contract, ps_pb2, ps_pb2_grpc
 from workers.ps.stats import QueueStats, Reporter
 
 log = logging.getLogger("trainyard.ps.coordinator")
@@ -356,7 +357,9 @@ class Servicer(ps_pb2_grpc.CoordinatorServicer):
 
 def serve(env: contract.PsEnv) -> int:
     queue = ShardQueue(lease_s=env.lease_s, mode=env.mode.value, min_workers=env.worker_count)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=64), interceptors=[auth.RequireSecret(env.secret)]
+    )
     ps_pb2_grpc.add_CoordinatorServicer_to_server(Servicer(queue), server)
     if server.add_insecure_port(env.listen_address) == 0:
         print(f"coordinator: cannot listen on {env.listen_address}", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ environment contract of workers/ps/contract.py.
 Used by tests and ``bench/ps`` in this round; in the console the agents start the same processes
 with the same environment on the controller's orders. Every process gets its own session (so a
 signal reaches its children) and ``stop()`` ends them all: SIGTERM, a grace period, SIGKILL.
+The job draws its own secret, as the console derives one: its servers are never open.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from workers import net
 from workers.net import free_port
-from workers.ps import contract
+from workers.ps import auth, contract
 from workers.ps.client import CoordinatorClient, PsClient
 from workers.ps.contract import Mode, PsEnv, Role
 
@@ -44,6 +45,7 @@ class LocalPsJob:
     worker_count: int = 0  # the initial workers (a synchronous job's first step waits for them)
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    secret: str = field(default_factory=auth.new_secret, repr=False)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +69,7 @@ class LocalPsJob:
             max_data_bytes=self.max_data_bytes,
             lease_s=self.lease_s,
             stats_every_s=self.stats_every_s,
+            secret=self.secret,
         )
         env = {key: value for key, value in os.environ.items() if key not in contract.ALL}
         env.update(spec.to_environ())
@@ -123,10 +126,10 @@ class LocalPsJob:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def client(self, worker: str = "observer") -> PsClient:
-        return PsClient(self.ps_addresses, worker, retry_s=30)
+        return PsClient(self.ps_addresses, worker, retry_s=30, secret=self.secret)
 
     def coordinator_client(self, worker: str = "observer") -> CoordinatorClient:
-        return CoordinatorClient(self.coordinator, worker, retry_s=30)
+        return CoordinatorClient(self.coordinator, worker, retry_s=30, secret=self.secret)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes[name]

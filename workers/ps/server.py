@@ -3,7 +3,8 @@
 ``PsState`` (state.py) makes every decision (dedupe, staleness, synchronous steps, versions,
 checkpoint contents) and is tested in-process; ``Servicer`` only converts messages; ``main`` reads
 the environment contract (workers/ps/contract.py), restores the last checkpoint, serves, writes a
-checkpoint every TRAINYARD_PS_CHECKPOINT_EVERY_S seconds and a final one on SIGTERM.
+checkpoint every TRAINYARD_PS_CHECKPOINT_EVERY_S seconds and a final one on SIGTERM. It answers
+only callers with the job's secret (workers/ps/auth.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import grpc
 import torch
 from google.protobuf.message import EncodeError
 
-from workers.ps import checkpoint, contract, ps_pb2, ps_pb2_grpc, tensors
+from workers.ps import auth, checkpoint, contract, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.contract import Mode
 from workers.ps.optim import OptimizerConfig, OptimizerError
 from workers.ps.state import PsError, PsState
@@ -194,7 +195,7 @@ def serve(env: contract.PsEnv) -> int:
         threading.stack_size(THREAD_STACK_BYTES)
     servicer = Servicer(state, env.checkpoint_dir)
     executor = futures.ThreadPoolExecutor(max_workers=HANDLER_THREADS)
-    server = grpc.server(executor, options=GRPC_OPTIONS)
+    server = grpc.server(executor, interceptors=[auth.RequireSecret(env.secret)], options=GRPC_OPTIONS)
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     if server.add_insecure_port(env.listen_address) == 0:
         print(f"PS {env.index}: cannot listen on {env.listen_address}", file=sys.stderr, flush=True)

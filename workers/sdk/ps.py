@@ -194,8 +194,10 @@ class Session:
         self.mode = env.mode
         self.worker = env.default_worker_id()
         self.device = device or torch.device("cpu")
-        self.client = PsClient(env.ps_addresses, self.worker, retry_s=env.retry_s)
-        self.coordinator = CoordinatorClient(env.coordinator, self.worker, retry_s=env.retry_s)
+        self.client = PsClient(env.ps_addresses, self.worker, retry_s=env.retry_s, secret=env.secret)
+        self.coordinator = CoordinatorClient(
+            env.coordinator, self.worker, retry_s=env.retry_s, secret=env.secret
+        )
         self.tables: dict[str, TableConfig] = {}
         self.dense_module: nn.Module | None = None
         self.dense_names: list[str] = []

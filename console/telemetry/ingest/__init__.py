@@ -3,6 +3,7 @@
 In parts, each a module with one responsibility:
 
 - ``cursor``: which stream entries to read next (own pending ones first), ack, takeover, trim;
+- ``trust``: which entries to believe: sealed by a live node, for a rank allocated to it;
 - ``decoding``: an entry's JSON batch into typed rows, one list per table;
 - ``storage``: one read's rows into PostgreSQL in one transaction, exactly once under replay;
 - ``frames``: per-job live frames, thinned and paced;

@@ -1,6 +1,12 @@
 """Wire decoding: stream entries (agents' JSON batches, format in workers/protocol.py and
 workers/agent/shipper.py) into typed rows, one list per table. No Redis, no database.
 
+An entry holds the fields ``batch`` (the JSON), ``node`` and ``mac`` (its seal). Ingest decodes
+in two steps with its check in between: ``open_batch`` reads a batch's head (job, round, rank) and
+its records, ``trust.Gate`` keeps the batches sealed by the node their rank is allocated to, and
+``decode_batches`` turns what it kept into rows. ``decode_entries`` does both steps without the
+check, for benches and tests that make rows of their own.
+
 A batch whose envelope is unusable is dropped whole (``BadBatch``, logged); a bad record inside a
 good batch is skipped and counted, never fatal: one odd line from a training script must not
 hold back the points around it.
@@ -80,35 +86,31 @@ class Head:
     rank: int
 
 
+# A batch's head and its records, not yet decoded.
+Opened = tuple[Head, list[Any]]
+
+
 def decode_entries(entries: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> Decoded:
-    """Every entry of one read, decoded; malformed entries and records are logged and skipped."""
-    decoded = Decoded()
-    for entry_id, fields in entries:
-        try:
-            raw = fields.get(b"batch")
-            if raw is None:
-                raise BadBatch("no batch field")
-            decode_batch(raw, decoded)
-        except BadBatch as exc:
-            log.warning("dropping malformed telemetry entry %s: %s", entry_id.decode(), exc)
-    if decoded.bad_records:
-        log.warning("skipped %d malformed telemetry records", decoded.bad_records)
-    return decoded
+    """Every entry of one read, decoded with its seal unchecked (benches, tests); malformed
+    entries and records are logged and skipped. Ingest decodes only what ``trust.Gate`` admits."""
+    return decode_batches(
+        batch for entry_id, fields in entries if (batch := open_entry(entry_id, fields.get(b"batch")))
+    )
 
 
-def decode_batch(raw: bytes | str, into: Decoded) -> None:
-    """Add one batch's records to ``into``; raises BadBatch when the envelope is unusable."""
-    head, records = _envelope(raw)
-    into.job_ids.add(head.job_id)
-    for record in records:
-        into.records += 1
-        try:
-            _RECORD_KINDS[record["kind"]](head, record, into)
-        except (BadBatch, KeyError, TypeError, AttributeError, ValueError):
-            into.bad_records += 1
+def open_entry(entry_id: bytes, raw: bytes | None) -> Opened | None:
+    """An entry's batch opened; None (logged) when it has none or its envelope is unusable."""
+    try:
+        if raw is None:
+            raise BadBatch("no batch field")
+        return open_batch(raw)
+    except BadBatch as exc:
+        log.warning("dropping malformed telemetry entry %s: %s", entry_id.decode(), exc)
+        return None
 
 
-def _envelope(raw: bytes | str) -> tuple[Head, list[Any]]:
+def open_batch(raw: bytes | str) -> Opened:
+    """A batch's head and records; raises BadBatch when the envelope is unusable."""
     try:
         batch = _loads(raw)
         head = Head(
@@ -120,6 +122,27 @@ def _envelope(raw: bytes | str) -> tuple[Head, list[Any]]:
     if not isinstance(records, list):
         raise BadBatch("records must be a list")
     return head, records
+
+
+def decode_batches(batches: Iterable[Opened]) -> Decoded:
+    """The rows of opened batches; malformed records are counted, logged and skipped."""
+    decoded = Decoded()
+    for head, records in batches:
+        decode_records(head, records, decoded)
+    if decoded.bad_records:
+        log.warning("skipped %d malformed telemetry records", decoded.bad_records)
+    return decoded
+
+
+def decode_records(head: Head, records: list[Any], into: Decoded) -> None:
+    """Add one batch's records to ``into``."""
+    into.job_ids.add(head.job_id)
+    for record in records:
+        into.records += 1
+        try:
+            _RECORD_KINDS[record["kind"]](head, record, into)
+        except (BadBatch, KeyError, TypeError, AttributeError, ValueError):
+            into.bad_records += 1
 
 
 def _loads(raw: bytes | str) -> Any:

@@ -1,6 +1,7 @@
-"""The ingest loop, the one both ``manage.py ingest`` and the tests run: read, decode, store,
-commit, ack, send live frames; and after any failure (Redis or PostgreSQL gone, restarted or
-refusing a write) back off, re-read what is not acked, and go on.
+"""The ingest loop, the one both ``manage.py ingest`` and the tests run: read, check each
+entry's seal and allocation (trust.py), decode, store, commit, ack, send live frames; and after
+any failure (Redis or PostgreSQL gone, restarted or refusing a write) back off, re-read what is
+not acked, and go on. Refused entries are acked with the rest of their read, never stored.
 
 Two threads share the work. The loop's own thread reads the stream and decodes (CPU), while a
 writer thread stores, commits and acks the previous read (mostly waiting on PostgreSQL, with
@@ -17,12 +18,13 @@ any point it gets twice at the same place.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 import redis
@@ -32,10 +34,11 @@ from console.telemetry.anomalies import AnomalyDetector
 from console.telemetry.fanout import busy_key
 from console.telemetry.ingest.broadcast import Discard
 from console.telemetry.ingest.cursor import BLOCK_MS, READ_COUNT, Read, StreamCursor
-from console.telemetry.ingest.decoding import Decoded, decode_entries
+from console.telemetry.ingest.decoding import Decoded, decode_batches
 from console.telemetry.ingest.frames import FRAME_INTERVAL, Frames, FrameSink
 from console.telemetry.ingest.stats import IngestStats
 from console.telemetry.ingest.storage import MetricBatch, ended_jobs, known_jobs, only_jobs, store_read
+from console.telemetry.ingest.trust import Gate
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,7 @@ class Batch:
     read: Read
     decoded: Decoded
     metrics: MetricBatch
+    refused: collections.Counter[str] = field(default_factory=collections.Counter)  # by trust.Refusal
 
 
 class ForgetEnded:
@@ -121,7 +125,10 @@ class Writer:
         ingest.cursor.ack(read.ids)
         self.commits += 1
         ingest.stats.count(
-            entries=len(read.entries), records=batch.decoded.records, points=len(batch.metrics.rows)
+            entries=len(read.entries),
+            records=batch.decoded.records,
+            points=len(batch.metrics.rows),
+            refused=batch.refused,
         )
         if read.replay:  # first deliveries went to the frames before the write
             ingest.frames.add_points(stored.points)
@@ -158,6 +165,7 @@ class IngestLoop:
     ) -> None:
         self.consumer = consumer
         self.cursor = StreamCursor(client, consumer, stream=stream, group=group, count=read_count)
+        self.gate = Gate()
         self.frames = Frames(frame_interval, busy=lambda job_id: bool(client.exists(busy_key(job_id))))
         self.sink: FrameSink = sink or Discard()
         self.stats = IngestStats(client, consumer)
@@ -183,7 +191,7 @@ class IngestLoop:
 
     def drain(self, timeout: float = 60.0) -> None:
         """Run until this consumer has nothing left to read or write: every entry in the stream
-        stored and acked (or dropped as malformed), failures retried on the way."""
+        stored and acked (or dropped as malformed or refused), failures retried on the way."""
         deadline = time.monotonic() + timeout
 
         def idle() -> bool:
@@ -216,14 +224,15 @@ class IngestLoop:
         return len(read.entries)
 
     def _prepare(self, read: Read) -> Batch:
-        decoded = decode_entries(read.entries)
+        admitted = self.gate.admit(read.entries)
+        decoded = decode_batches(admitted.batches)
         known = known_jobs(decoded.job_ids)
         if decoded.job_ids - known:
             log.warning("dropping telemetry for unknown jobs %s", sorted(decoded.job_ids - known))
             decoded = only_jobs(decoded, known)
         if not read.replay:
             self.frames.add_points(decoded.metrics)
-        return Batch(read, decoded, MetricBatch.of(decoded.metrics))
+        return Batch(read, decoded, MetricBatch.of(decoded.metrics), admitted.refused)
 
     def flush_frames(self, force: bool = False) -> None:
         self.frames.flush(self.sink, force)
