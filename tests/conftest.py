@@ -84,6 +84,7 @@ from tests.support.cluster import cluster  # noqa: E402, F401  (fixture for end-
 from tests.support.decisions import decide  # noqa: E402, F401  (fixture: in-process decisions)
 from tests.support.live import live_console  # noqa: E402, F401  (fixture: console + controller + ingest)
 from tests.support.ps import ps_job  # noqa: E402, F401  (fixture: PS-job processes on localhost)
+from tests.support.telemetry import stream  # noqa: E402, F401  (fixture: the emptied telemetry stream)
 from tests.support.up import consoles  # noqa: E402, F401  (fixture: `manage.py up` consoles)
 from tests.support.web import console_url  # noqa: E402, F401  (fixture: the console over HTTP)
 

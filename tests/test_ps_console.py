@@ -27,25 +27,12 @@ from console.jobs.spec import ps_secret
 from tests.support.cluster import HEARTBEAT, Cluster
 from tests.support.controller import wait_for
 from tests.support.decisions import Decide, failing_exit, make_node, stop
+from tests.support.jobs import submitted_ps_job
 from tests.support.ps import COUNT_WORKER, HYBRID_WORKER
 
 EXAMPLES = 4000
 SHARD = 200
 BATCH = 50
-
-
-def ps_job(workers: int = 3, mode: str = "async") -> Job:
-    job = Job(
-        name="ps",
-        entrypoint="/bin/true",
-        min_nodes=2,
-        max_nodes=2,
-        desired_nodes=2,
-        strategy="parameter_server",
-        roles={"ps": {"count": 2, "mode": mode}, "worker": {"count": workers, "min": 1, "max": 8}},
-        grace_period=12.0,
-    )
-    return actions.submit_job(job, None)
 
 
 def worker_exit(local_rank: int, rank: int, code: int | None = 0, signal: str | None = None) -> Any:
@@ -54,7 +41,7 @@ def worker_exit(local_rank: int, rank: int, code: int | None = 0, signal: str | 
 
 def test_the_controller_places_the_roles_and_sends_each_host_its_processes(decide: Decide) -> None:
     a, b = make_node("a", slots=3), make_node("b", slots=3)
-    job = ps_job()
+    job = submitted_ps_job()
     started = decide(scheduler.tick).to_agents()
     rnd = job.rounds.get()
     ports = {(p["role"], p["index"]): p.get("port") for x in rnd.allocations.all() for p in x.processes}
@@ -84,7 +71,7 @@ def test_the_controller_places_the_roles_and_sends_each_host_its_processes(decid
 
 def test_workers_ending_change_no_round_and_the_last_one_ends_the_job(decide: Decide) -> None:
     make_node("a", slots=3), make_node("b", slots=3)
-    job = ps_job()
+    job = submitted_ps_job()
     decide(scheduler.tick)
 
     # A worker SIGKILLed: an event, nothing sent, the round goes on
@@ -105,7 +92,7 @@ def test_workers_ending_change_no_round_and_the_last_one_ends_the_job(decide: De
 
 def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) -> None:
     make_node("a", slots=3), make_node("b", slots=3)
-    job = ps_job(workers=1)  # 4 processes: a has the coordinator and PS 1, b PS 0 and worker 0
+    job = submitted_ps_job(workers=1)  # 4 processes: a has the coordinator and PS 1, b PS 0 and worker 0
     decide(scheduler.tick)
     failed = decide(reports.rank_exited, "b", job.pk, 1, worker_exit(0, 1, code=None, signal="SIGKILL"))
     assert failed.kinds() == ["rank.failed"]
@@ -122,7 +109,7 @@ def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) 
     }
     assert layout == {"a": [("coordinator", 0), ("ps", 1)], "b": [("ps", 0), ("worker", 0)]}
 
-    other = ps_job(workers=1)
+    other = submitted_ps_job(workers=1)
     Node.objects.update(slots=6)
     decide(scheduler.tick)
     other.refresh_from_db()
@@ -132,7 +119,7 @@ def test_a_ps_failure_or_every_worker_failing_is_a_rank_failure(decide: Decide) 
 
 def test_the_worker_role_is_resized_in_place(decide: Decide) -> None:
     make_node("a", slots=4), make_node("b", slots=3)
-    job = ps_job(workers=3)  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
+    job = submitted_ps_job(workers=3)  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
     decide(scheduler.tick)
 
     grown = decide(actions.resize_role, job.pk, "worker", 4, None)
@@ -159,12 +146,14 @@ def test_the_worker_role_is_resized_in_place(decide: Decide) -> None:
     with pytest.raises(actions.ControlError, match="only live jobs"):
         actions.resize_role(job.pk, "worker", 3, None)
     with pytest.raises(actions.InvalidRequest, match=r"1\.\.8"):
-        actions.resize_role(ps_job().pk, "worker", 9, None)
+        actions.resize_role(submitted_ps_job().pk, "worker", 9, None)
 
 
 def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(decide: Decide) -> None:
     a, b = make_node("a", slots=4), make_node("b", slots=3)
-    job = ps_job(workers=3, mode="hybrid")  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
+    job = submitted_ps_job(
+        workers=3, mode="hybrid"
+    )  # a: coordinator, PS 1, worker 1; b: PS 0, workers 0 and 2
     started = decide(scheduler.tick).to_agents()
     specs = {queue: kwargs["spec"] for _, queue, kwargs in started}
     (dense_master,) = {
@@ -208,7 +197,7 @@ def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(deci
     assert done.kinds() == ["job.succeeded"]
 
     # A resize of a hybrid job's workers replaces them too
-    other = ps_job(workers=2, mode="hybrid")
+    other = submitted_ps_job(workers=2, mode="hybrid")
     Node.objects.update(slots=8)
     decide(scheduler.tick)
     resized = decide(actions.resize_role, other.pk, "worker", 3, None)
@@ -220,7 +209,7 @@ def test_a_hybrid_worker_failure_replaces_every_worker_in_a_new_dense_group(deci
 
 def test_hybrid_group_replacements_are_charged_and_bounded_by_max_restarts(decide: Decide) -> None:
     make_node("a", slots=6), make_node("b", slots=6)
-    job = ps_job(workers=2, mode="hybrid")
+    job = submitted_ps_job(workers=2, mode="hybrid")
     Job.objects.filter(pk=job.pk).update(max_restarts=1)
     decide(scheduler.tick)
     worker = {
@@ -259,7 +248,7 @@ def test_hybrid_group_replacements_are_charged_and_bounded_by_max_restarts(decid
 
 def test_a_worker_a_resize_started_that_fails_says_the_resize_did_not_take(decide: Decide) -> None:
     make_node("a", slots=4), make_node("b", slots=4)
-    job = ps_job(workers=2, mode="sync")
+    job = submitted_ps_job(workers=2, mode="sync")
     decide(scheduler.tick)
     decide(actions.resize_role, job.pk, "worker", 3, None)
     (alloc, local_rank, row) = next(

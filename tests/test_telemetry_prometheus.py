@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,20 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.api.models import ApiToken
 from console.cluster.models import Gpu, Node
 from console.jobs.models import Job
-from console.telemetry.ingest.stats import STATS_KEY
 from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
-from workers.protocol import TELEMETRY_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def stream() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(TELEMETRY_STREAM, STATS_KEY)
-    yield client
-    client.delete(TELEMETRY_STREAM, STATS_KEY)
-    client.close()
 
 
 def sample(text: str, name: str, **labels: str) -> float:

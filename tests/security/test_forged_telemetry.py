@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.cluster import tokens
 from console.cluster.models import NodeCredential
 from console.jobs.models import Allocation, Job
-from console.telemetry.ingest.stats import STATS_KEY
 from console.telemetry.models import Event, LogLine, Metric
 from tests.support.telemetry import allocate, batch, ingest_loop, metric_records, xadd
 from workers.protocol import TELEMETRY_GROUP, TELEMETRY_STREAM
@@ -40,15 +37,6 @@ SECRET_A, SECRET_B = "tyn_node-a-secret", "tyn_node-b-secret"
 @pytest.fixture(autouse=True)
 def no_shared_token(settings: Any) -> None:
     settings.NODE_TOKEN = ""  # only each node's own credential speaks for it
-
-
-@pytest.fixture
-def stream() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(TELEMETRY_STREAM, STATS_KEY)
-    yield client
-    client.delete(TELEMETRY_STREAM, STATS_KEY)
-    client.close()
 
 
 @pytest.fixture

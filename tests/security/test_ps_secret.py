@@ -23,11 +23,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from console.cluster.models import Node
-from console.jobs import actions, failures, reports, scheduler
+from console.jobs import failures, reports, scheduler
 from console.jobs.models import Job
 from console.jobs.spec import ps_secret
 from console.telemetry.models import Event
 from tests.support.decisions import Decide, failing_exit, make_job, make_node
+from tests.support.jobs import submitted_ps_job
 from workers import protocol
 from workers.ps import contract, ps_pb2, ps_pb2_grpc, tensors
 from workers.ps.client import PsClient, PsClientError
@@ -136,19 +137,6 @@ def test_a_server_without_a_secret_refuses_to_start(ps_job: Callable[..., LocalP
     assert "TRAINYARD_PS_SECRET must be set" in ended.stderr
 
 
-def ps_job_submitted(workers: int = 1) -> Job:
-    job = Job(
-        name="ps",
-        entrypoint="/bin/true",
-        min_nodes=2,
-        max_nodes=2,
-        desired_nodes=2,
-        strategy="parameter_server",
-        roles={"ps": {"count": 2, "mode": "async"}, "worker": {"count": workers, "min": 1, "max": 8}},
-    )
-    return actions.submit_job(job, None)
-
-
 def specs_of(sent: list[tuple[str, str, dict[str, Any]]], job: Job) -> list[dict[str, Any]]:
     """The round specs of the start commands sent for ``job``."""
     starts = [kwargs["spec"] for name, _, kwargs in sent if name == protocol.AGENT_START_ROUND]
@@ -158,7 +146,7 @@ def specs_of(sent: list[tuple[str, str, dict[str, Any]]], job: Job) -> list[dict
 def test_the_console_sends_each_ps_job_its_own_secret_the_same_in_every_round(decide: Decide) -> None:
     # Given a PS job placed on two nodes: a has the coordinator and PS 1, b PS 0 and worker 0
     make_node("a", slots=3), make_node("b", slots=3)
-    job = ps_job_submitted()
+    job = submitted_ps_job(workers=1)
     first = specs_of(decide(scheduler.tick).to_agents(), job)
     # Then both hosts get the job's secret in the round's PS layout, not in the job's env
     assert len(first) == 2 and {spec["ps"]["secret"] for spec in first} == {ps_secret(job)}
@@ -174,7 +162,7 @@ def test_the_console_sends_each_ps_job_its_own_secret_the_same_in_every_round(de
 
     # When another PS job and a plain job are placed on two more nodes
     make_node("c", slots=4), make_node("d", slots=4)
-    other, plain = ps_job_submitted(), make_job("plain")
+    other, plain = submitted_ps_job(workers=1), make_job("plain")
     sent = decide(scheduler.tick).to_agents()
     # Then the other PS job gets a secret of its own and the plain job none
     assert {spec["ps"]["secret"] for spec in specs_of(sent, other)} == {ps_secret(other)} != {ps_secret(job)}

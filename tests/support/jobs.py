@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.db import connection
 
+from console.jobs import actions
 from console.jobs.models import Job
 
 
@@ -29,3 +30,18 @@ def copy_jobs(count: int, owners: list[User]) -> None:
             [count, template.pk],
         )
         cur.execute(f"ANALYZE {table}")
+
+
+def submitted_ps_job(workers: int = 3, mode: str = "async") -> Job:
+    """A submitted parameter-server job: 2 PS, ``workers`` workers, on two nodes."""
+    job = Job(
+        name="ps",
+        entrypoint="/bin/true",
+        min_nodes=2,
+        max_nodes=2,
+        desired_nodes=2,
+        strategy="parameter_server",
+        roles={"ps": {"count": 2, "mode": mode}, "worker": {"count": workers, "min": 1, "max": 8}},
+        grace_period=12.0,
+    )
+    return actions.submit_job(job, None)

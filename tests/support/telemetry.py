@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
@@ -22,6 +23,7 @@ from console.cluster.models import Node, NodeCredential
 from console.cluster.tokens import hash_secret
 from console.jobs.models import Allocation, Job, Round
 from console.telemetry.ingest.loop import IngestLoop
+from console.telemetry.ingest.stats import STATS_KEY
 from workers.protocol import TELEMETRY_STREAM
 from workers.signing import report_key, telemetry_entry
 
@@ -120,3 +122,13 @@ def ingest_loop(client: redis.Redis, consumer: str, **options: Any) -> Iterator[
         yield loop
     finally:
         loop.close()
+
+
+@pytest.fixture
+def stream() -> Iterator[redis.Redis]:
+    """The telemetry stream and ingest's stats, empty before and after the test."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(TELEMETRY_STREAM, STATS_KEY)
+    yield client
+    client.delete(TELEMETRY_STREAM, STATS_KEY)
+    client.close()
