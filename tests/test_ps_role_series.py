@@ -16,7 +16,7 @@ from console.jobs import scheduler
 from console.jobs.models import Job
 from console.telemetry.ingest.storage import MetricBatch, store_metrics
 from tests.support.decisions import Decide, make_job, make_node
-from tests.test_ps_console import ps_job
+from tests.support.jobs import submitted_ps_job
 
 
 def get(user: User, path: str) -> Any:
@@ -33,7 +33,7 @@ def store(rows: list[tuple[int, int, int, int, int, str, float]]) -> None:
 def test_a_role_metric_is_a_series_per_process_of_the_round(decide: Decide, viewer: User) -> None:
     make_node("a", slots=3)
     make_node("b", slots=3)
-    job = ps_job(
+    job = submitted_ps_job(
         workers=3
     )  # a: coordinator (rank 0), PS 1 (2), worker 1 (4); b: PS 0 (1), workers 0 (3), 2 (5)
     decide(scheduler.tick)
@@ -66,7 +66,7 @@ def test_a_role_metric_is_a_series_per_process_of_the_round(decide: Decide, view
 def test_bad_questions_get_a_400_or_a_404(decide: Decide, viewer: User) -> None:
     make_node("a", slots=3)
     make_node("b", slots=3)
-    job = ps_job(workers=2)
+    job = submitted_ps_job(workers=2)
     decide(scheduler.tick)
     url = f"/api/v1/jobs/{job.pk}/metrics/roles/series/"
     assert get(viewer, f"{url}?role=ps&name=worker_examples").status_code == 400  # not a PS metric

@@ -15,7 +15,8 @@ from console.jobs import reports, scheduler
 from console.jobs.models import Job
 from console.telemetry.models import Metric
 from tests.support.decisions import Decide, make_node
-from tests.test_ps_console import ps_job, worker_exit
+from tests.support.jobs import submitted_ps_job
+from tests.test_ps_console import worker_exit
 
 
 def point(job: Job, rank: int, name: str, step: int, value: float, seq: int, round_number: int = 1) -> Metric:
@@ -33,7 +34,7 @@ def get(user: User, path: str) -> Any:
 
 def test_each_process_shows_its_latest_values_by_role(decide: Decide, viewer: User) -> None:
     make_node("a", slots=3), make_node("b", slots=3)
-    job = ps_job(
+    job = submitted_ps_job(
         workers=3
     )  # a: coordinator (rank 0), PS 1 (2), worker 1 (4); b: PS 0 (1), workers 0 (3), 2 (5)
     decide(scheduler.tick)
